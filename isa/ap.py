@@ -1,0 +1,106 @@
+"""Operands: memories, engines and access patterns.
+
+An access pattern (AP) names a memory region element by element: the memory (SBUF, PSUM, or one
+HBM tensor), the partitions it covers, a byte offset, a dtype and up to four [stride, count] free
+dimensions (strides in elements). Its logical shape is (partitions, *counts); elements are visited
+in row-major order of that shape, and every instruction's semantics are written in that order.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from trnc.isa.dtypes import DType
+
+MAX_FREE_DIMS = 4
+
+
+class Mem(enum.IntEnum):
+    SBUF = 1
+    PSUM = 2
+    HBM = 3
+
+    @property
+    def text(self) -> str:
+        return self.name.lower()
+
+
+class Engine(enum.IntEnum):
+    """Instruction queues: four compute engines and the DMA queues (neuroncore.md 1.3, 2.5)."""
+
+    PE = 0    # TensorE
+    ACT = 1   # ScalarE
+    DVE = 2   # VectorE
+    POOL = 3  # GpSimdE
+    DMA = 4   # one of DMA_QUEUES queues, chosen by Instruction.queue
+
+    @property
+    def text(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class AP:
+    """An access pattern.
+
+    On-chip (SBUF/PSUM): partitions start_partition .. start_partition+partitions-1, and in each
+    partition the bytes offset + itemsize*sum(i_j*stride_j).
+    HBM: tensor `tensor` (index into Program.tensors); element (p, i...) lies at byte
+    offset + itemsize*(p*partition_stride + sum(i_j*stride_j)) of that tensor.
+    """
+
+    mem: Mem
+    dtype: DType
+    partitions: int
+    dims: tuple[tuple[int, int], ...]   # (stride, count) per free dim, outermost first
+    offset: int = 0                     # bytes
+    start_partition: int = 0            # on-chip only
+    tensor: int = -1                    # HBM only
+    partition_stride: int = 0           # HBM only, in elements
+
+    @property
+    def free_shape(self) -> tuple[int, ...]:
+        return tuple(c for _, c in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.partitions, *self.free_shape)
+
+    @property
+    def free_size(self) -> int:
+        return int(np.prod(self.free_shape, dtype=np.int64)) if self.dims else 1
+
+    @property
+    def num_elements(self) -> int:
+        return self.partitions * self.free_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_elements * self.dtype.itemsize
+
+    def free_offsets(self) -> np.ndarray:
+        """Element offsets (not bytes) of the free dims, flattened in row-major order, int64."""
+        off = np.zeros((), dtype=np.int64)
+        for stride, count in self.dims:
+            off = off[..., None] + np.arange(count, dtype=np.int64) * stride
+        return off.reshape(-1)
+
+    def free_extent(self) -> tuple[int, int]:
+        """(lowest, highest) element offset reached by the free dims, relative to `offset`."""
+        lo = sum(min(0, s * (c - 1)) for s, c in self.dims)
+        hi = sum(max(0, s * (c - 1)) for s, c in self.dims)
+        return lo, hi
+
+    def byte_range(self) -> tuple[int, int]:
+        """Half-open byte range [lo, hi) touched within one partition (on-chip) or the tensor (HBM)."""
+        lo, hi = self.free_extent()
+        if self.mem is Mem.HBM:
+            plo, phi = sorted((0, self.partition_stride * (self.partitions - 1)))
+            lo, hi = lo + plo, hi + phi
+        isz = self.dtype.itemsize
+        return self.offset + lo * isz, self.offset + (hi + 1) * isz
+
+    def partition_range(self) -> tuple[int, int]:
+        return self.start_partition, self.start_partition + self.partitions

@@ -1,0 +1,131 @@
+"""Programs: tensor declarations in HBM and per-engine instruction streams, in one list.
+
+An Instruction is one row of the opcode table filled in: its engine (and DMA queue), its field
+values, and its semaphore waits and signals. Instructions of one queue execute in list order;
+instructions on different queues are ordered only through semaphores: `signals` increments each
+named semaphore by one when the instruction completes, and `waits` holds (semaphore, value) pairs
+that must all have count >= value before it starts.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from trnc.isa.ap import AP, Engine
+from trnc.isa.config import DEFAULT_TARGET
+from trnc.isa.dtypes import DType
+from trnc.isa.opcodes import Kind, OpSpec, opspec
+
+
+class TensorKind(enum.IntEnum):
+    INPUT = 0
+    OUTPUT = 1
+    CONST = 2
+    SCRATCH = 3
+
+    @property
+    def text(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    name: str
+    kind: TensorKind
+    dtype: DType
+    shape: tuple[int, ...]
+
+    @property
+    def num_elements(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_elements * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Instruction:
+    opcode: str
+    engine: Engine
+    args: tuple[tuple[str, Any], ...]   # (field name, value) in table order, every field present
+    queue: int = 0                      # DMA queue number; 0 for compute engines
+    waits: tuple[tuple[int, int], ...] = ()
+    signals: tuple[int, ...] = ()
+
+    @classmethod
+    def make(cls, opcode: str, engine: Engine | None = None, *, queue: int = 0,
+             waits=(), signals=(), **fields) -> "Instruction":
+        """Build an instruction, filling defaults from the table; engine defaults to the opcode's first."""
+        spec = opspec(opcode)
+        unknown = set(fields) - {f.name for f in spec.fields}
+        if unknown:
+            raise ValueError(f"{opcode}: unknown field(s) {sorted(unknown)}; fields are "
+                             f"{[f.name for f in spec.fields]}")
+        args = []
+        for f in spec.fields:
+            if f.kind is Kind.AP:
+                value = fields.get(f.name)
+                if value is None and not f.optional:
+                    raise ValueError(f"{opcode}: missing operand '{f.name}'")
+            else:
+                value = fields.get(f.name, f.default)
+                if f.kind is Kind.I32X4:
+                    value = tuple(int(v) for v in value)
+            args.append((f.name, value))
+        return cls(opcode, engine if engine is not None else spec.engines[0], tuple(args), queue,
+                   tuple((int(s), int(v)) for s, v in waits), tuple(int(s) for s in signals))
+
+    @property
+    def spec(self) -> OpSpec:
+        return opspec(self.opcode)
+
+    def __getitem__(self, name: str) -> Any:
+        for k, v in self.args:
+            if k == name:
+                return v
+        raise KeyError(f"{self.opcode} has no field '{name}'")
+
+    def __contains__(self, name: str) -> bool:
+        return any(k == name for k, _ in self.args)
+
+    @property
+    def queue_name(self) -> str:
+        return f"dma{self.queue}" if self.engine is Engine.DMA else self.engine.text
+
+    def operands(self) -> Iterator[tuple[str, AP, bool]]:
+        """(field name, AP, is_write) of every present AP operand."""
+        for f in self.spec.aps:
+            ap = self[f.name]
+            if ap is not None:
+                yield f.name, ap, f.out
+
+    def replace(self, **changes) -> "Instruction":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Program:
+    tensors: tuple[TensorDecl, ...]
+    instructions: tuple[Instruction, ...]
+    target: str = DEFAULT_TARGET
+
+    def tensor_index(self, name: str) -> int:
+        for i, t in enumerate(self.tensors):
+            if t.name == name:
+                return i
+        raise KeyError(name)
+
+    @property
+    def num_semaphores(self) -> int:
+        used = [s for ins in self.instructions for s in ins.signals] + \
+               [s for ins in self.instructions for s, _ in ins.waits]
+        return max(used, default=-1) + 1
+
+    def tensors_of(self, kind: TensorKind) -> list[TensorDecl]:
+        return [t for t in self.tensors if t.kind is kind]
