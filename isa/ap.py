@@ -15,6 +15,8 @@ import numpy as np
 from trnc.isa.dtypes import DType
 
 MAX_FREE_DIMS = 4
+MAX_COUNT = 65535        # free-dim counts are 16-bit (neuroncore.md 3, "Free-dim AP": size uint16)
+STRIDE_LIMIT = 2**31     # |stride| and |partition_stride| in elements stay below this (int32)
 
 
 class Mem(enum.IntEnum):

@@ -16,6 +16,7 @@ PSUM_BANKS = 8            # 1.1, A2-A4
 PSUM_BANK_BYTES = 2048    # 1.1, A2-A4: 8 banks x 2 KiB per partition
 MIN_II = 64               # 4.5, ISA-OLD: Vector/Scalar/GpSimd minimum initiation interval, engine cycles
 GPSIMD_START = 150        # 4.5, ISA-OLD: GpSimd start overhead, cycles
+SEMAPHORES = 256          # trnc's fixed set of semaphores per core [INF]; waits/signals name 0..255
 DMA_QUEUES = 16           # 2.5, DMA: 16 DMA engines (queues) per NeuronCore
 
 

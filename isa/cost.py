@@ -80,3 +80,13 @@ def dma(instr, hw: HwConfig) -> int:
 def dma_gather(instr, hw: HwConfig) -> int:
     """As dma, counting the gathered rows (the dst bytes)."""
     return math.ceil(hw.dma_fixed_ns + instr["dst"].num_bytes / hw.dma_queue_bytes_per_ns)
+
+
+def cycles(instr, hw: HwConfig) -> int:
+    """Cycles of `instr` on its engine's clock (ns for DMA), from the opcode table's cost function."""
+    return instr.spec.cost(instr, hw)
+
+
+def seconds(instr, hw: HwConfig) -> float:
+    """Duration of `instr` in seconds at the preset's clock of its engine."""
+    return cycles(instr, hw) / hw.clock_hz[instr.engine.text]

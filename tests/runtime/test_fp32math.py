@@ -1,0 +1,257 @@
+"""Accuracy and special values of runtime/fp32math.py against float64 references.
+
+Errors are in ulps of the correctly rounded fp32 result: ulp(y) = 2^(floor(log2 |y|) - 23) for normal y,
+2^-149 for subnormal y (so gradual underflow is judged in absolute terms), and a result beyond fp32 max
+must be Inf exactly when y rounds to Inf.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trnc.isa.enums import ActFunc, AluOp, ReduceOp
+from trnc.runtime.fp32math import ACTIVATIONS, ALU, REDUCE
+
+F = np.float32
+FMAX = float(np.finfo(np.float32).max)
+ROUNDS_TO_INF = FMAX + 2.0 ** 103
+erf = np.frompyfunc(math.erf, 1, 1)
+erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def ulps(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    ref = np.asarray(ref, np.float64)
+    with np.errstate(all="ignore"):
+        mag = np.minimum(np.abs(ref), FMAX)
+        ulp = np.exp2(np.floor(np.log2(np.maximum(mag, 2.0 ** -126))) - 23)
+        err = np.abs(got.astype(np.float64) - ref) / ulp
+        to_inf = np.isinf(got) & (np.abs(ref) >= ROUNDS_TO_INF) & (np.sign(got) == np.sign(ref))
+    return np.where(to_inf, 0.0, err)
+
+
+def lin(lo: float, hi: float, n: int = 1_000_001) -> np.ndarray:
+    return np.linspace(lo, hi, n).astype(F)
+
+
+def pow2s(lo: float, hi: float, n: int = 400_001, signs=(1.0, -1.0)) -> np.ndarray:
+    mag = np.exp2(np.linspace(lo, hi, n)).astype(F)
+    return np.concatenate([s * mag for s in signs]).astype(F)
+
+
+def phi(x: np.ndarray) -> np.ndarray:
+    """Normal CDF in float64, with erfc on the left so the tail keeps its relative accuracy."""
+    left = 0.5 * erfc(-x / math.sqrt(2)).astype(np.float64)
+    return np.where(x < 0, left, 0.5 + 0.5 * erf(x / math.sqrt(2)).astype(np.float64))
+
+
+def sigmoid64(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+# function, float64 reference, inputs, asserted max ulp
+SWEEPS = {
+    ActFunc.EXP: (np.exp, lambda: np.concatenate([lin(-104, 89), pow2s(-30, 7), lin(88.5, 88.8, 100_001),
+                                                  lin(-104, -87, 100_001)]), 1.0),
+    ActFunc.LOG: (np.log, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2),
+                                                  F(1) + lin(-2 ** -10, 2 ** -10, 100_001)]), 1.0),
+    ActFunc.TANH: (np.tanh, lambda: np.concatenate([lin(-10, 10), pow2s(-149, 4)]), 2.5),
+    ActFunc.SIGMOID: (sigmoid64, lambda: np.concatenate([lin(-104, 30), pow2s(-149, 7)]), 2.5),
+    ActFunc.SILU: (lambda x: x * sigmoid64(x), lambda: np.concatenate([lin(-110, 30), pow2s(-149, 7)]), 3.0),
+    ActFunc.GELU: (lambda x: x * phi(x), lambda: np.concatenate([lin(-15, 15), pow2s(-149, 4)]), 3.0),
+}
+
+
+@pytest.mark.parametrize("func", list(SWEEPS), ids=lambda f: f.text)
+def test_accuracy_sweep(func):
+    ref_fn, inputs, bound = SWEEPS[func]
+    x = inputs()
+    got = ACTIVATIONS[func](x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    err = ulps(got, ref_fn(x.astype(np.float64)))
+    i = int(np.argmax(err))
+    assert err[i] <= bound, f"{func.text}: {err[i]:.3f} ulp at x={x[i]!r} (got {got[i]!r})"
+
+
+def test_gelu_tanh_accuracy_up_to_the_conditioning_of_its_cubic_argument():
+    """gelu_tanh(x) = x sigmoid(s), s = 2 sqrt(2/pi) (x + 0.044715 x^3) formed in fp32 with five roundings
+    (relative error below 2^-22). Any fp32 evaluation of the formula inherits |dy/ds * s| 2^-22 from
+    that, which dominates for x < -3 (hundreds of ulps of a tiny result); beyond it we allow 2 ulp."""
+    x = np.concatenate([lin(-12, 12), pow2s(-149, 3)])
+    got = ACTIVATIONS[ActFunc.GELU_TANH](x)
+    x64 = x.astype(np.float64)
+    s = 2 * math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)
+    sg = sigmoid64(s)
+    ref = x64 * sg
+    allowed = np.abs(x64 * sg * (1 - sg) * s) * 2.0 ** -22
+    with np.errstate(all="ignore"):
+        ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), 2.0 ** -126))) - 23)
+    excess = (np.abs(got - ref) - allowed) / ulp
+    i = int(np.argmax(excess))
+    assert excess[i] <= 2.0, f"{excess[i]:.3f} ulp beyond the argument's error at x={x[i]!r}"
+
+
+@pytest.mark.parametrize("func", [ActFunc.SQRT, ActFunc.RSQRT, ActFunc.RECIPROCAL, ActFunc.SQUARE],
+                         ids=lambda f: f.text)
+def test_ieee_functions_are_correctly_rounded(func):
+    """float64 then one rounding to fp32 is the correctly rounded result for sqrt, 1/x and x*x
+    (53 >= 2*24 + 2); rsqrt is the two-rounding 1/fp32(sqrt x)."""
+    rng = np.random.default_rng(5)
+    with np.errstate(all="ignore"):
+        x = np.concatenate([rng.integers(0, 2 ** 32, 300_000, dtype=np.uint64).astype(np.uint32).view(F),
+                            np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3e38, -1.0], F)])
+        x64 = x.astype(np.float64)
+        want = {ActFunc.SQRT: lambda: np.sqrt(x64).astype(F),
+                ActFunc.RSQRT: lambda: (1.0 / np.sqrt(x64).astype(F).astype(np.float64)).astype(F),
+                ActFunc.RECIPROCAL: lambda: (1.0 / x64).astype(F),
+                ActFunc.SQUARE: lambda: (x64 * x64).astype(F)}[func]()
+    got = ACTIVATIONS[func](x)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all()
+
+
+NAN = math.nan
+INF = math.inf
+SPECIALS = {   # x -> f(x), exact; -0.0 and +0.0 are distinct
+    ActFunc.EXP: [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, 0.0), (NAN, NAN), (1e-45, 1.0), (-1e-45, 1.0),
+                  (89.0, INF), (-104.0, 0.0), (3e38, INF), (-3e38, 0.0), (1.0, float(F(math.e)))],
+    ActFunc.LOG: [(0.0, -INF), (-0.0, -INF), (INF, INF), (-INF, NAN), (NAN, NAN), (-1.0, NAN), (1.0, 0.0),
+                  (1e-45, float(F(math.log(2.0 ** -149)))), (2.0, float(F(math.log(2)))),
+                  (3.4028235e38, float(F(math.log(3.4028234663852886e38))))],
+    ActFunc.TANH: [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (1e-45, 1e-45), (-1e-45, -1e-45),
+                   (3e38, 1.0), (-3e38, -1.0), (10.0, 1.0)],
+    ActFunc.SIGMOID: [(0.0, 0.5), (-0.0, 0.5), (INF, 1.0), (-INF, 0.0), (NAN, NAN), (1e-45, 0.5), (200.0, 1.0),
+                      (-200.0, 0.0), (-3e38, 0.0)],
+    ActFunc.SILU: [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -0.0), (NAN, NAN), (3e38, 3e38), (-3e38, -0.0),
+                   (-200.0, -0.0)],
+    ActFunc.GELU: [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -0.0), (NAN, NAN), (3e38, 3e38), (-3e38, -0.0),
+                   (-20.0, -0.0), (20.0, 20.0)],
+    ActFunc.GELU_TANH: [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -0.0), (NAN, NAN), (3e38, 3e38),
+                        (-3e38, -0.0), (-20.0, -0.0), (20.0, 20.0)],
+    ActFunc.RELU: [(0.0, 0.0), (-0.0, 0.0), (INF, INF), (-INF, 0.0), (NAN, NAN), (-1e-45, 0.0), (2.5, 2.5)],
+    ActFunc.ABS: [(-0.0, 0.0), (-INF, INF), (NAN, NAN), (-1e-45, 1e-45), (-2.5, 2.5)],
+    ActFunc.COPY: [(-0.0, -0.0), (-INF, -INF), (NAN, NAN), (1e-45, 1e-45)],
+    ActFunc.SQRT: [(-0.0, -0.0), (INF, INF), (-1.0, NAN), (4.0, 2.0)],
+    ActFunc.RSQRT: [(0.0, INF), (-0.0, -INF), (INF, 0.0), (-1.0, NAN), (4.0, 0.5)],
+    ActFunc.RECIPROCAL: [(0.0, INF), (-0.0, -INF), (-INF, -0.0), (4.0, 0.25)],
+    ActFunc.SQUARE: [(-0.0, 0.0), (-INF, INF), (1e-30, 0.0), (-3.0, 9.0)],
+}
+
+
+def test_every_enum_member_is_implemented():
+    assert set(ACTIVATIONS) == set(ActFunc) == set(SPECIALS)
+    assert set(ALU) == set(AluOp)
+    assert set(REDUCE) == set(ReduceOp)
+
+
+@pytest.mark.parametrize("func", list(SPECIALS), ids=lambda f: f.text)
+def test_special_values(func):
+    x = np.array([p[0] for p in SPECIALS[func]], F)
+    want = np.array([p[1] for p in SPECIALS[func]], F)
+    got = ACTIVATIONS[func](x.reshape(-1, 1)).ravel()
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), list(zip(x[~same], got[~same], want[~same]))
+
+
+def test_nan_inputs_keep_their_bits_through_activations():
+    x = np.array([0x7FC00001, 0xFFC12345], np.uint32).view(F)
+    for func in ActFunc:
+        if func not in (ActFunc.ABS,):
+            assert np.isnan(ACTIVATIONS[func](x)).all(), func
+    assert ACTIVATIONS[ActFunc.ABS](x).view(np.uint32).tolist() == [0x7FC00001, 0x7FC12345]
+
+
+# ---- ALU -------------------------------------------------------------------------------------------------------
+
+def test_pow_accuracy():
+    rng = np.random.default_rng(6)
+    n = 400_000
+    a = np.exp2(rng.uniform(-149, 128, n)).astype(F)
+    b = (rng.uniform(-160, 135, n) / np.log2(a.astype(np.float64))).astype(F)  # results over the whole range
+    a2 = (1 + rng.uniform(-0.01, 0.01, n)).astype(F)
+    b2 = rng.uniform(-1e4, 1e4, n).astype(F)
+    a3 = rng.uniform(-10, 10, n).astype(F)
+    b3 = rng.integers(-40, 40, n).astype(F)
+    a4 = rng.uniform(0, 4, n).astype(F)
+    b4 = rng.uniform(-4, 4, n).astype(F)
+    a, b = np.concatenate([a, a2, a3, a4]), np.concatenate([b, b2, b3, b4])
+    got = ALU[AluOp.POW](a, b)
+    with np.errstate(all="ignore"):
+        ref = np.power(a.astype(np.float64), b.astype(np.float64))
+    err = ulps(got, ref)
+    i = int(np.argmax(err))
+    assert err[i] <= 4.0, f"{err[i]:.3f} ulp at a={a[i]!r} b={b[i]!r}"
+
+
+def test_pow_special_cases_follow_c99():
+    """Every pair from a grid of special operands against C99 pow (float64 numpy, exact on this grid except for
+    the few non-dyadic results, which must be within 1 ulp)."""
+    vals = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, -2.5, INF, -INF, NAN, 1e-45, -1e-45,
+            3e38, -3e38, 16777216.0, -16777215.0]
+    a, b = (g.ravel().astype(F) for g in np.meshgrid(vals, vals))
+    got = ALU[AluOp.POW](a, b)
+    with np.errstate(all="ignore"):
+        want = np.power(a.astype(np.float64), b.astype(np.float64))
+        want32 = want.astype(F)
+    both_nan = np.isnan(got) & np.isnan(want)
+    exact = (got == want32) & (np.signbit(got) == np.signbit(want))
+    close = np.isfinite(want) & (want != 0) & (ulps(got, want) <= 1.0)
+    ok = both_nan | exact | close
+    assert ok.all(), list(zip(a[~ok], b[~ok], got[~ok], want[~ok]))
+
+
+def test_max_min_nan_and_signed_zero_rules():
+    a = np.array([NAN, 1.0, -0.0, 0.0, 2.0, -INF], F)
+    b = np.array([1.0, NAN, 0.0, -0.0, 3.0, INF], F)
+    mx, mn = ALU[AluOp.MAX](a, b), ALU[AluOp.MIN](a, b)
+    assert np.isnan(mx[:2]).all() and np.isnan(mn[:2]).all()
+    # a if a > b else b: the second operand wins every tie, including -0 / +0
+    assert mx[2:].view(np.uint32).tolist() == np.array([0.0, -0.0, 3.0, INF], F).view(np.uint32).tolist()
+    assert mn[2:].view(np.uint32).tolist() == np.array([0.0, -0.0, 2.0, -INF], F).view(np.uint32).tolist()
+    assert REDUCE[ReduceOp.MAX](a, b).view(np.uint32)[2:].tolist() == mx.view(np.uint32)[2:].tolist()
+    assert REDUCE[ReduceOp.MIN](a, b).view(np.uint32)[2:].tolist() == mn.view(np.uint32)[2:].tolist()
+
+
+def test_comparisons_logic_and_bypass():
+    a = np.array([1.0, NAN, 2.0, 0.0, -0.0, NAN, 3.0], F)
+    b = np.array([1.0, 1.0, 1.0, -0.0, 5.0, NAN, 0.0], F)
+    table = {AluOp.EQ: [1, 0, 0, 1, 0, 0, 0], AluOp.NE: [0, 1, 1, 0, 1, 1, 1], AluOp.LT: [0, 0, 0, 0, 1, 0, 0],
+             AluOp.LE: [1, 0, 0, 1, 1, 0, 0], AluOp.GT: [0, 0, 1, 0, 0, 0, 1], AluOp.GE: [1, 0, 1, 1, 0, 0, 1],
+             AluOp.AND: [1, 1, 1, 0, 0, 1, 0], AluOp.OR: [1, 1, 1, 0, 1, 1, 1], AluOp.XOR: [0, 0, 0, 0, 1, 0, 1]}
+    for op, want in table.items():
+        got = ALU[op](a, b)
+        assert got.dtype == np.float32 and got.tolist() == want, op
+    assert ALU[AluOp.BYPASS](a, b).view(np.uint32).tolist() == a.view(np.uint32).tolist()
+
+
+def test_arithmetic_is_ieee_fp32():
+    rng = np.random.default_rng(7)
+    with np.errstate(all="ignore"):
+        a = rng.integers(0, 2 ** 32, 100_000, dtype=np.uint64).astype(np.uint32).view(F)
+        b = rng.integers(0, 2 ** 32, 100_000, dtype=np.uint64).astype(np.uint32).view(F)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        want = {AluOp.ADD: a64 + b64, AluOp.SUB: a64 - b64, AluOp.MUL: a64 * b64, AluOp.DIV: a64 / b64}
+        for op, w in want.items():
+            w32, got = w.astype(F), ALU[op](a, b)
+            same = (got.view(np.uint32) == w32.view(np.uint32)) | (np.isnan(got) & np.isnan(w32))
+            assert same.all(), op
+    folded = F(0)
+    for v in np.array([1e8, 1.0, -1e8, 3.0], F):
+        folded = REDUCE[ReduceOp.SUM](folded, v)
+    assert folded == F(3.0)  # (1e8 + 1) rounds back to 1e8: the fold is in fp32, in order
+
+
+def test_any_shape_gives_the_same_values():
+    """0-d, 1-d and strided 2-d inputs give elementwise the same bits (the interpreter passes [P, F] views)."""
+    x = np.linspace(-5, 5, 48).astype(F).reshape(6, 8)[:, ::2]
+    y = np.linspace(-3, 3, 48).astype(F).reshape(6, 8)[:, 1::2]
+    for func, fn in ACTIVATIONS.items():
+        flat = fn(x.ravel())
+        assert np.array_equal(fn(x).view(np.uint32).ravel(), flat.view(np.uint32)), func
+        assert fn(x[1, 1]).shape == () and fn(x[1, 1]).view(np.uint32) == flat.view(np.uint32)[5], func
+    for op, fn in ALU.items():
+        flat = fn(x.ravel(), y.ravel())
+        assert np.array_equal(fn(x, y).view(np.uint32).ravel(), flat.view(np.uint32)), op
+        assert fn(x[0, 2], y[0, 2]).view(np.uint32) == flat.view(np.uint32)[2], op

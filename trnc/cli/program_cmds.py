@@ -1,0 +1,149 @@
+"""Subcommands on ISA programs: asm, verify, disasm and run (through the reference interpreter).
+
+A program file is assembly text, or the binary encoding (recognised by its magic bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from trnc.errors import TrncError
+from trnc.isa import asm, cost, encoding, verify
+from trnc.isa.config import get_target
+from trnc.isa.program import Program, TensorKind
+
+
+def load_program(path: str) -> Program:
+    data = Path(path).read_bytes()
+    if data.startswith(encoding.MAGIC):
+        return encoding.decode(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TrncError(f"{path}: neither trnc assembly text (not UTF-8) nor a binary program "
+                        f"(no {encoding.MAGIC!r} magic)") from None
+    return asm.parse_program(text)
+
+
+def drive_asm(args) -> int:
+    program = load_program(args.file)
+    verify.verify(program)
+    out = Path(args.output or Path(args.file).with_suffix(".bin"))
+    data = encoding.encode(program)
+    out.write_bytes(data)
+    print(f"{args.file}: {len(program.instructions)} instructions, verified; wrote {len(data)} bytes to {out}")
+    return 0
+
+
+def drive_verify(args) -> int:
+    program = load_program(args.file)
+    violations = verify.check(program)
+    for v in violations:
+        print(f"{args.file}: {v}", file=sys.stderr)
+    if violations:
+        print(f"{args.file}: {len(violations)} violation(s)", file=sys.stderr)
+        return 2
+    print(f"{args.file}: ok, {len(program.instructions)} instructions on target {program.target}")
+    return 0
+
+
+def drive_disasm(args) -> int:
+    sys.stdout.write(asm.format_program(load_program(args.file)))
+    return 0
+
+
+def _random_input(decl, rng: np.random.Generator) -> np.ndarray:
+    from trnc.runtime.convert import from_fp32
+    if decl.dtype.is_int:
+        info = np.iinfo(decl.dtype.storage)
+        return rng.integers(max(info.min, -100), min(info.max, 100) + 1, size=decl.shape).astype(decl.dtype.storage)
+    return from_fp32(rng.standard_normal(decl.shape).astype(np.float32), decl.dtype)
+
+
+def _as_dtype(value: np.ndarray, decl) -> np.ndarray:
+    """.npy files hold no bf16/fp8: float arrays convert (fp64 rounds to fp32 first, then RNE to the dtype)."""
+    from trnc.runtime.convert import from_fp32
+    if value.dtype == decl.dtype.storage or not (decl.dtype.is_float and value.dtype.kind == "f"):
+        return value
+    return from_fp32(value.astype(np.float32), decl.dtype)
+
+
+def _load_inputs(program: Program, specs: list[str], seed: int) -> dict[str, np.ndarray]:
+    given = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise TrncError(f"--input '{spec}': expected NAME=FILE.npy")
+        given[name] = np.load(path, allow_pickle=False)
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for decl in program.tensors:
+        if decl.kind in (TensorKind.INPUT, TensorKind.CONST):
+            inputs[decl.name] = (_as_dtype(given.pop(decl.name), decl) if decl.name in given
+                                 else _random_input(decl, rng))
+    if given:
+        raise TrncError(f"--input names no input tensor: {', '.join(given)}; inputs are "
+                        f"{', '.join(d.name for d in program.tensors if d.kind is TensorKind.INPUT)}")
+    return inputs
+
+
+def drive_run(args) -> int:
+    from trnc.runtime import reference
+    program = load_program(args.file)
+    verify.verify(program)
+    hw = get_target(program.target)
+    inputs = _load_inputs(program, args.input or [], args.seed)
+    outputs = reference.run(program, inputs, hw=hw, fill_nan=args.fill_nan, verified=True)
+    print(f"{'#':>4}  {'queue':<6} {'opcode':<20} {'cycles':>8} {'ns':>10}")
+    busy: dict[str, float] = {}
+    for i, instr in enumerate(program.instructions):
+        seconds = cost.seconds(instr, hw)
+        busy[instr.queue_name] = busy.get(instr.queue_name, 0.0) + seconds
+        print(f"{i:>4}  {instr.queue_name:<6} {instr.opcode:<20} {cost.cycles(instr, hw):>8} {seconds * 1e9:>10.1f}")
+    print("\nbusy time per queue (sum of instruction costs, before overlap):")
+    for queue, seconds in busy.items():
+        print(f"  {queue:<6} {seconds * 1e9:>10.1f} ns")
+    print("\noutputs:")
+    for name, value in outputs.items():
+        as_f64 = value.astype(np.float64)
+        print(f"  {name}: {value.dtype} {list(value.shape)} min {as_f64.min():.6g} max {as_f64.max():.6g} "
+              f"mean {as_f64.mean():.6g}")
+        if args.save_outputs:
+            Path(args.save_outputs).mkdir(parents=True, exist_ok=True)
+            np.save(Path(args.save_outputs) / f"{name}.npy", value)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("asm", help="assemble and verify a program, writing its binary encoding.",
+                       formatter_class=fmt, epilog="example:\n  trnc asm examples/gemm.s -o gemm.bin")
+    p.add_argument("file", help="assembly text, e.g. examples/gemm.s.")
+    p.add_argument("-o", "--output", help="binary output file. Defaults to FILE with suffix .bin.")
+    p.set_defaults(drive=drive_asm)
+
+    p = sub.add_parser("verify", help="check a program against every rule of the machine.",
+                       formatter_class=fmt, epilog="example:\n  trnc verify examples/gemm.s")
+    p.add_argument("file", help="assembly text or binary program.")
+    p.set_defaults(drive=drive_verify)
+
+    p = sub.add_parser("disasm", help="print a program as assembly text.",
+                       formatter_class=fmt, epilog="example:\n  trnc disasm gemm.bin")
+    p.add_argument("file", help="binary program (or assembly text, re-printed canonically).")
+    p.set_defaults(drive=drive_disasm)
+
+    p = sub.add_parser("run", help="run a program through the numpy reference interpreter, with each "
+                                   "instruction's modeled cost.",
+                       formatter_class=fmt,
+                       epilog="example:\n  trnc run examples/gemm.s --input a=a.npy --save-outputs out/")
+    p.add_argument("file", help="assembly text or binary program.")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="value of an input tensor; others are random (standard normal). Repeatable.")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs. Defaults to 0.")
+    p.add_argument("--fill-nan", action="store_true",
+                   help="start SBUF and PSUM as NaN bytes so reads of uninitialised memory show.")
+    p.add_argument("--save-outputs", metavar="DIR", help="write each output tensor to DIR/NAME.npy.")
+    p.set_defaults(drive=drive_run)
