@@ -248,7 +248,8 @@ def check_tensor(decl: TensorDecl, taken: set[str]) -> None:
         raise EncodingError(f"tensor declaration must be a TensorDecl, got {decl!r}")
     check_name(decl.name, "tensor name")
     if decl.name in RESERVED_NAMES:
-        raise EncodingError(f"tensor name '{decl.name}' is reserved (the on-chip memories are {sorted(RESERVED_NAMES)})")
+        raise EncodingError(f"tensor name '{decl.name}' is reserved "
+                            f"(the on-chip memories are {sorted(RESERVED_NAMES)})")
     if decl.name in taken:
         raise EncodingError(f"tensor name '{decl.name}' is declared twice")
     taken.add(decl.name)
@@ -305,7 +306,8 @@ def _encode_ap(ap, field: Field, ntensors: int) -> bytes:
                 and (0 <= ap.tensor < ntensors and ap.start_partition == 0 if mem is _HBM
                      else ap.tensor == -1 and ap.partition_stride == 0)):
             return (_AP_HEAD.pack(mem, _DTYPE_CODES[ap.dtype], len(dims), ap.start_partition, ap.partitions, ap.tensor,
-                                  ap.partition_stride, ap.offset) + _DIMS[len(dims)].pack(*[v for d in dims for v in d]))
+                                  ap.partition_stride, ap.offset)
+            + _DIMS[len(dims)].pack(*[v for d in dims for v in d]))
     except (AttributeError, TypeError, struct.error):
         pass
     _check_ap(ap, field, ntensors)
@@ -457,7 +459,8 @@ def _encode_instruction(instr: Instruction, ntensors: int, out: list) -> None:
             or any(type(a) is not tuple or len(a) != 2 or a[0] != n for a, n in zip(args, codec.names)):
         raise EncodingError(f"{instr.opcode}: args must be (name, value) pairs for the fields {list(codec.names)} "
                             "in this order")
-    if type(waits) is not tuple or type(signals) is not tuple or any(type(w) is not tuple or len(w) != 2 for w in waits):
+    if (type(waits) is not tuple or type(signals) is not tuple
+            or any(type(w) is not tuple or len(w) != 2 for w in waits)):
         raise EncodingError("waits must be a tuple of (semaphore, value) pairs and signals a tuple of semaphores")
     if len(waits) > _U16[1] or len(signals) > _U16[1]:
         raise EncodingError(f"{len(waits)} waits and {len(signals)} signals; at most {_U16[1]} of each")

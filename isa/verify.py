@@ -297,7 +297,7 @@ def _want(name: str, what: str, got: int, allowed: str) -> Problem:
 
 
 def _matmul(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    st, mv, dst = ins["stationary"], ins["moving"], ins["dst"]
+    st, mv = ins["stationary"], ins["moving"]
     k, m, n = st.partitions, _fsize(st), _fsize(mv)
     if mv.partitions != k:
         yield _want("moving", "partitions", mv.partitions, f"it must equal stationary's (the contraction K = {k})")
@@ -306,12 +306,18 @@ def _matmul(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
             if not ap.dims or ap.dims[0][1] != 2:
                 yield "shape", f"double_row needs {name}'s first free dim to count 2 ([K, 2, X]); it is {_shape(ap)}"
         m, n = m // 2, n // 2
+    yield from _result_shape(ins, m, n)
+
+
+def _result_shape(ins: Instruction, m: int, n: int) -> Iterator[Problem]:
+    """The PE array's limits on M and N, and the [M, N] result they give."""
+    dst = ins["dst"]
     if m > PE_COLUMNS:
         yield _want("stationary", "free size M", m, f"at most {PE_COLUMNS} (PE columns)")
     if n > MOVING_FMAX:
         yield _want("moving", "free size N", n, f"at most {MOVING_FMAX} (one PSUM bank of fp32)")
     if (dst.partitions, _fsize(dst)) != (m, n):
-        yield "shape", f"dst is {_shape(dst)}; matmul writes [M, N] = [{m}, {n}] (M partitions, N elements each)"
+        yield "shape", f"dst is {_shape(dst)}; {ins.opcode} writes [M, N] = [{m}, {n}] (M partitions, N elements each)"
 
 
 def _mx_groups(name: str, ap: AP) -> Iterator[Problem]:
@@ -322,7 +328,7 @@ def _mx_groups(name: str, ap: AP) -> Iterator[Problem]:
 
 
 def _matmul_mx(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    st, mv, dst = ins["stationary"], ins["moving"], ins["dst"]
+    st, mv = ins["stationary"], ins["moving"]
     k = st.partitions
     if mv.partitions != k:
         yield _want("moving", "partitions", mv.partitions, f"it must equal stationary's (the contraction K = {k})")
@@ -334,12 +340,7 @@ def _matmul_mx(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
     if groups[0] != groups[1]:
         yield "shape", f"stationary has {groups[0]} row groups and moving {groups[1]}; they must match"
     m, n = st.free_shape[-1] if st.dims else 1, mv.free_shape[-1] if mv.dims else 1
-    if m > PE_COLUMNS:
-        yield _want("stationary", "free size M", m, f"at most {PE_COLUMNS} (PE columns)")
-    if n > MOVING_FMAX:
-        yield _want("moving", "free size N", n, f"at most {MOVING_FMAX} (one PSUM bank of fp32)")
-    if (dst.partitions, _fsize(dst)) != (m, n):
-        yield "shape", f"dst is {_shape(dst)}; matmul_mx writes [M, N] = [{m}, {n}]"
+    yield from _result_shape(ins, m, n)
     for name, data in (("stationary_scale", st), ("moving_scale", mv)):
         scale = ins[name]
         if scale.partitions != k // MX_BLOCK or scale.free_shape != data.free_shape:

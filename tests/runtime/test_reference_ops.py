@@ -21,6 +21,7 @@ from trnc.isa.verify import verify
 from trnc.runtime.fp32math import ACTIVATIONS
 from trnc.runtime.mx import quantize_mx
 from trnc.runtime.reference import Machine
+from aps import onchip
 
 F32, BF16, FP16, E4M3, E5M2, FP4, E8M0 = (DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2,
                                            DType.FP4_E2M1, DType.E8M0)
@@ -28,18 +29,6 @@ VALUES = sorted(VALUE_DTYPES, key=lambda d: d.code)
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 TORCH = {BF16: torch.bfloat16, FP16: torch.float16, E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
 F = np.float32
-
-
-def rowmajor(free_shape):
-    dims, stride = [], 1
-    for count in reversed(free_shape):
-        dims.insert(0, (stride, count))
-        stride *= count
-    return tuple(dims)
-
-
-def onchip(dtype, shape, offset=0, mem=Mem.SBUF, start=0):
-    return AP(mem, dtype, shape[0], rowmajor(shape[1:]), offset=offset, start_partition=start)
 
 
 def execute(ins, writes=(), target="trn2", tensors=(), binds=None):
