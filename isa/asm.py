@@ -59,8 +59,9 @@ from trnc.errors import EncodingError
 from trnc.isa.ap import AP, Engine, Mem
 from trnc.isa.config import DEFAULT_TARGET
 from trnc.isa.dtypes import DType
+from trnc.isa.decoding import no_gc
 from trnc.isa.encoding import (NAME_RE, RESERVED_NAMES, check_name, check_tensor, encode, encode_instruction, f32_bits,
-                                f32_value, no_gc)
+                                f32_value)
 from trnc.isa.opcodes import BY_NAME, Field, Kind
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
 

@@ -1,4 +1,4 @@
-"""Binary encoding of programs: `encode(program) -> bytes` and `decode(data) -> Program`.
+"""Binary encoding of programs: `encode(program) -> bytes`; isa/decoding.py holds `decode(data) -> Program`.
 
 This is the form a program takes inside artifacts and on disk. Every opcode's record is derived
 from the opcode table: the fields of `OpSpec.fields` in table order, each in the fixed form of its
@@ -65,8 +65,6 @@ declarations and the instructions; nothing may follow the last instruction.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import numbers
 import operator
@@ -177,7 +175,6 @@ _HEADER, _TENSOR_COUNT, _INSTR_COUNT = _structs("program")
 (_AP_BODY,) = _structs("ap_body")
 (_AP_DIM,) = _structs("ap_dim")
 _AP_HEAD = struct.Struct(_AP_TAG.format + _AP_BODY.format[1:])   # the tag and the body, read together
-_STRIDE_BYTES = struct.calcsize("<" + _AP_DIM.format[1])
 _DIMS = tuple(struct.Struct("<" + _AP_DIM.format[1:] * n) for n in range(MAX_FREE_DIMS + 1))
 _SHAPE_DIM = struct.Struct("<Q")
 _SIGNAL = struct.Struct("<" + _WAIT.format[1])   # a signal is a semaphore number, as in a wait
@@ -185,20 +182,11 @@ _SIGNAL = struct.Struct("<" + _WAIT.format[1])   # a signal is a semaphore numbe
 _U8, _U16, _U32, _I32, _I64, _U64 = (_RANGES[c] for c in "BHIiqQ")
 _F32_BITS, _U32_BITS = struct.Struct("<f"), struct.Struct("<I")
 _F64_BITS, _U64_BITS = struct.Struct("<d"), struct.Struct("<Q")
-_DTYPES = {d.code: d for d in DType}
 # Enum members as module constants: in Python 3.11 `Mem.HBM` is a descriptor call on every use, and the hot
-# loops below would spend more on those than on the bytes.
+# loops below and in isa/decoding.py would spend more on those than on the bytes.
 _HBM, _DMA = Mem.HBM, Engine.DMA
 _K_F32, _K_I32, _K_U32, _K_BOOL, _K_I32X4, _K_ENUM = Kind.F32, Kind.I32, Kind.U32, Kind.BOOL, Kind.I32X4, Kind.ENUM
-_MEMS = {m.value: m for m in Mem}
 _DTYPE_CODES = {d: d.code for d in DType}
-_ENGINES = {e.value: e for e in Engine}
-_TENSOR_KINDS = {k.value: k for k in TensorKind}
-_ENUM_VALUES = {f.enum: {m.value: m for m in f.enum} for op in TABLE for f in op.fields if f.kind is Kind.ENUM}
-
-
-def _choices(by_value: dict) -> str:
-    return ", ".join(f"{v} {m.text}" for v, m in by_value.items())
 
 
 def f32_bits(value: float) -> int:
@@ -399,41 +387,8 @@ class _OpCodec:
                     _TO_WIRE[kind](v, f)
                 raise EncodingError(f"fields {[f[0].name for f in fields]} do not fit their widths") from None
 
-    def decode_fields(self, r: _Reader, ntensors: int) -> list:
-        values = []
-        for st, fields in self.segments:
-            if st is None:
-                values.append(_decode_ap(r, fields[0][0], ntensors))
-                continue
-            start = r.pos
-            words = r.unpack(st, "immediate fields")
-            j = 0
-            for f, offset, kind in fields:
-                if kind is _K_I32X4:
-                    values.append(words[j:j + 4])
-                    j += 4
-                    continue
-                w = words[j]
-                j += 1
-                if kind is _K_F32:
-                    values.append(f32_value(w))
-                elif kind is _K_BOOL:
-                    if w > 1:
-                        r.fail(f"field '{f.name}': bool byte is {w}, not 0 or 1", start + offset)
-                    values.append(w == 1)
-                elif kind is _K_ENUM:
-                    member = _ENUM_VALUES[f.enum].get(w)
-                    if member is None:
-                        r.fail(f"field '{f.name}': {w} is not a {f.enum.__name__} ({_choices(_ENUM_VALUES[f.enum])})",
-                               start + offset)
-                    values.append(member)
-                else:
-                    values.append(w)
-        return values
-
 
 _CODECS = {op.name: _OpCodec(op) for op in TABLE}
-_CODECS_BY_CODE = {op.code: _CODECS[op.name] for op in TABLE}
 
 
 def encode_instruction(instr: Instruction, ntensors: int) -> bytes:
@@ -514,189 +469,3 @@ def encode(program: Program) -> bytes:
         except EncodingError as e:
             raise EncodingError(f"instruction {i} ({getattr(instr, 'opcode', '?')}): {e}") from None
     return b"".join(parts)
-
-
-class _Reader:
-    """A cursor over the input that checks every length before reading and names the offset on failure."""
-
-    def __init__(self, data: bytes):
-        self.data, self.pos, self.where = data, 0, "header"
-        self.aps: dict[bytes, AP] = {}   # operands already decoded, by their bytes: programs repeat them
-
-    def fail(self, what: str, pos: int | None = None):
-        where = f"instruction {self.where}" if isinstance(self.where, int) else self.where
-        raise EncodingError(f"byte {self.pos if pos is None else pos}: {where}: {what}")
-
-    def remaining(self) -> int:
-        return len(self.data) - self.pos
-
-    def unpack(self, st: struct.Struct, what: str, name: str = "") -> tuple:
-        pos = self.pos
-        if pos + st.size > len(self.data):
-            self.fail(f"truncated {what}{name}: needs {st.size} bytes, {len(self.data) - pos} left")
-        self.pos = pos + st.size
-        return st.unpack_from(self.data, pos)
-
-    def count(self, st: struct.Struct, what: str, min_item_bytes: int) -> int:
-        """A count, refused when its items could not fit in the remaining bytes (no huge loops)."""
-        start = self.pos
-        (n,) = self.unpack(st, what)
-        if n * min_item_bytes > self.remaining():
-            self.fail(f"{what} {n} needs at least {n * min_item_bytes} bytes, {self.remaining()} left", start)
-        return n
-
-    def name(self, what: str) -> str:
-        start = self.pos
-        (n,) = self.unpack(_NAME_LEN, what, " length")
-        if n > self.remaining():
-            self.fail(f"{what} length {n} exceeds the {self.remaining()} bytes left", start)
-        raw = self.data[self.pos:self.pos + n]
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            text = None
-            reason = f"{what} is not UTF-8 ({e.reason} at text byte {e.start})"
-        if text is None:
-            self.fail(reason, self.pos)
-        try:
-            check_name(text, what)
-        except EncodingError as e:
-            self.fail(str(e), self.pos)
-        self.pos += n
-        return text
-
-
-def _decode_ap(r: _Reader, field: Field, ntensors: int) -> AP | None:
-    data, start = r.data, r.pos
-    if start < len(data) and data[start] == 0:
-        if not field.optional:
-            r.fail(f"operand '{field.name}' is required but absent (tag 0)")
-        r.pos += 1
-        return None
-    ndims = data[start + 2] if start + 2 < len(data) else 0
-    if ndims > MAX_FREE_DIMS:
-        r.fail(f"operand '{field.name}': {ndims} free dims, at most {MAX_FREE_DIMS}", start + 2)
-    end = start + _AP_HEAD.size + ndims * _AP_DIM.size
-    key = data[start:end]
-    ap = r.aps.get(key)
-    if ap is not None:
-        r.pos = end
-        return ap
-    if end > len(data):
-        r.fail(f"truncated operand '{field.name}': needs {end - start} bytes, {len(data) - start} left")
-    tag, code, ndims, first, partitions, tensor, pstride, offset = _AP_HEAD.unpack_from(data, start)
-    mem, dtype = _MEMS.get(tag), _DTYPES.get(code)
-    if mem is None:
-        r.fail(f"operand '{field.name}': unknown memory tag {tag} (0 absent, {_choices(_MEMS)})", start)
-    if dtype is None:
-        r.fail(f"operand '{field.name}': unknown dtype code {code}", start + 1)
-    if partitions < 1:
-        r.fail(f"operand '{field.name}': partitions is 0, must be >= 1", start + 7)
-    if mem is _HBM:
-        if first != 0:
-            r.fail(f"operand '{field.name}': start_partition {first} of an HBM operand must be 0", start + 3)
-        if not 0 <= tensor < ntensors:
-            r.fail(f"operand '{field.name}': tensor index {tensor} outside the {ntensors} declared tensors", start + 11)
-    elif tensor != -1 or pstride != 0:
-        r.fail(f"operand '{field.name}': an on-chip operand has tensor -1 and partition_stride 0, "
-               f"got {tensor} and {pstride}", start + 11)
-    dims_at = start + _AP_HEAD.size
-    words = _DIMS[ndims].unpack_from(data, dims_at)
-    for k in range(1, len(words), 2):
-        if words[k] < 1:
-            r.fail(f"operand '{field.name}': dim {k // 2} has count 0, must be >= 1",
-                   dims_at + _AP_DIM.size * (k // 2) + _STRIDE_BYTES)
-    ap = r.aps[key] = AP(mem, dtype, partitions, tuple(zip(words[::2], words[1::2])), offset, first, tensor, pstride)
-    r.pos = end
-    return ap
-
-
-def _decode_tensor(r: _Reader, taken: set[str]) -> TensorDecl:
-    start = r.pos
-    name = r.name("tensor name")
-    if name in RESERVED_NAMES or name in taken:
-        r.fail(f"tensor name '{name}' is {'reserved' if name in RESERVED_NAMES else 'declared twice'}", start)
-    taken.add(name)
-    head = r.pos
-    kind_v, code, rank = r.unpack(_TENSOR_HEAD, "tensor declaration")
-    kind = _TENSOR_KINDS.get(kind_v)
-    if kind is None:
-        r.fail(f"unknown tensor kind {kind_v} ({_choices(_TENSOR_KINDS)})", head)
-    if code not in _DTYPES:
-        r.fail(f"unknown dtype code {code}", head + 1)
-    if rank * _SHAPE_DIM.size > r.remaining():
-        r.fail(f"rank {rank} needs {rank * _SHAPE_DIM.size} bytes, {r.remaining()} left", head + 2)
-    shape = struct.unpack_from(f"<{rank}{_SHAPE_DIM.format[1:]}", r.data, r.pos)
-    r.pos += rank * _SHAPE_DIM.size
-    return TensorDecl(name, kind, _DTYPES[code], shape)
-
-
-def _decode_instruction(r: _Reader, ntensors: int) -> Instruction:
-    start = r.pos
-    code, engine_v, queue, nwaits, nsignals = r.unpack(_INSTR_HEAD, "instruction header")
-    codec = _CODECS_BY_CODE.get(code)
-    if codec is None:
-        r.fail(f"unknown opcode {code}; known: {', '.join(f'{c} {k.spec.name}' for c, k in _CODECS_BY_CODE.items())}",
-               start)
-    engine = _ENGINES.get(engine_v)
-    if engine is None:
-        r.fail(f"unknown engine {engine_v} ({_choices(_ENGINES)})", start + 2)
-    if engine is not _DMA and queue != 0:
-        r.fail(f"queue {queue} on compute engine {engine.text}; only DMA instructions have a queue", start + 3)
-    values = codec.decode_fields(r, ntensors)
-    sync = nwaits * _WAIT.size + nsignals * _SIGNAL.size
-    if sync > r.remaining():
-        r.fail(f"{nwaits} waits and {nsignals} signals need {sync} bytes, {r.remaining()} left", start + 4)
-    words = _waits_struct(nwaits, nsignals).unpack_from(r.data, r.pos) if sync else ()
-    r.pos += sync
-    waits = tuple(zip(words[:2 * nwaits:2], words[1:2 * nwaits:2]))
-    return Instruction(codec.spec.name, engine, tuple(zip(codec.names, values)), queue, waits, words[2 * nwaits:])
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Pause the cyclic garbage collector. Decoding and parsing allocate millions of small objects that all
-    stay alive; the collector would traverse them again and again (most of a 100k-instruction decode) and
-    could free none of them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def decode(data: bytes) -> Program:
-    """The program encoded in `data`; EncodingError (with the byte offset) for anything encode could not produce."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise EncodingError(f"expected bytes, got {type(data).__name__}")
-    with no_gc():
-        return _decode(_Reader(bytes(data)))
-
-
-def _decode(r: _Reader) -> Program:
-    head = r.data[:len(MAGIC)]
-    if head != MAGIC[:len(head)]:
-        r.fail(f"bad magic {head!r}, expected {MAGIC!r}", 0)
-    _, version = r.unpack(_HEADER, "header")
-    if version != FORMAT_VERSION:
-        r.fail(f"unsupported format version {version}; this trnc reads version {FORMAT_VERSION}", len(MAGIC))
-    target = r.name("target")
-    r.where = "tensors"
-    ntensors = r.count(_TENSOR_COUNT, "tensor count", _NAME_LEN.size + _TENSOR_HEAD.size)
-    taken: set[str] = set()
-    tensors = []
-    for i in range(ntensors):
-        r.where = f"tensor {i}"
-        tensors.append(_decode_tensor(r, taken))
-    r.where = "instructions"
-    count = r.count(_INSTR_COUNT, "instruction count", _INSTR_HEAD.size)
-    instructions = []
-    for i in range(count):
-        r.where = i
-        instructions.append(_decode_instruction(r, ntensors))
-    if r.remaining():
-        r.where = "end"
-        r.fail(f"{r.remaining()} bytes of trailing garbage after the last instruction")
-    return Program(tuple(tensors), tuple(instructions), target)

@@ -178,14 +178,8 @@ def _hbm_form(ctx: _Ctx, name: str, ap: AP, write: bool) -> Iterator[Problem]:
 
 # Memories each engine can reach (neuroncore.md 2.1-2.5, 3): TensorE reads SBUF and writes PSUM, GpSimd
 # cannot access PSUM, DMA moves between HBM and SBUF.
-ENGINE_MEMS = {
-    Engine.PE: frozenset({Mem.SBUF, Mem.PSUM}),
-    Engine.ACT: frozenset({Mem.SBUF, Mem.PSUM}),
-    Engine.DVE: frozenset({Mem.SBUF, Mem.PSUM}),
-    Engine.POOL: frozenset({Mem.SBUF}),
-    Engine.DMA: frozenset({Mem.SBUF, Mem.HBM}),
-}
 _S, _P, _H = frozenset({Mem.SBUF}), frozenset({Mem.PSUM}), frozenset({Mem.HBM})
+ENGINE_MEMS = {Engine.PE: _S | _P, Engine.ACT: _S | _P, Engine.DVE: _S | _P, Engine.POOL: _S, Engine.DMA: _S | _H}
 
 # Per-field memories that narrow ENGINE_MEMS (the opcode table's operand docs).
 spec_memory: dict[str, dict[str, frozenset]] = {

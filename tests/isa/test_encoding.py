@@ -18,7 +18,8 @@ from trnc.isa import encoding, verify
 from trnc.isa.ap import AP, Engine, Mem
 from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
-from trnc.isa.encoding import LAYOUT_DOC, MAGIC, decode, encode, f32_bits, f32_value
+from trnc.isa.decoding import decode
+from trnc.isa.encoding import LAYOUT_DOC, MAGIC, encode, f32_bits, f32_value
 from trnc.isa.enums import ActFunc, ReduceOp
 from trnc.isa.opcodes import TABLE, Kind, opspec
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from trnc.errors import TrncError
-from trnc.isa import asm, cost, encoding, verify
+from trnc.isa import asm, cost, decoding, encoding, verify
 from trnc.isa.config import get_target
 from trnc.isa.program import Program, TensorKind
 
@@ -19,7 +19,7 @@ from trnc.isa.program import Program, TensorKind
 def load_program(path: str) -> Program:
     data = Path(path).read_bytes()
     if data.startswith(encoding.MAGIC):
-        return encoding.decode(data)
+        return decoding.decode(data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
