@@ -1,0 +1,1 @@
+"""trnc.runtime.jit: the llvmlite JIT that executes programs bit-exactly with runtime/reference.py."""
