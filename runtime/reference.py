@@ -109,12 +109,7 @@ class Machine:
     def bind(self, name: str, value) -> None:
         """Fill HBM tensor `name` from a numpy array or torch tensor of exactly its shape and dtype."""
         index = self._tensor_index(name)
-        decl = self.program.tensors[index]
-        array, given_dtype = _as_numpy(value)
-        shape = tuple(array.shape) if array is not None else tuple(value.shape)
-        if array is None or array.dtype != decl.dtype.storage or shape != tuple(decl.shape):
-            raise TrncError(f"tensor '{name}': expected shape {tuple(decl.shape)} and dtype {decl.dtype.text} "
-                            f"(numpy {decl.dtype.storage}), got shape {shape} and dtype {given_dtype}")
+        array = input_array(self.program.tensors[index], value)
         self.hbm[index] = np.ascontiguousarray(array).reshape(-1).view(np.uint8).copy()
 
     def output(self, name: str) -> np.ndarray:
@@ -218,6 +213,17 @@ def _torch_storage():
              (torch.float8_e8m0fnu, ml_dtypes.float8_e8m0fnu), (torch.int8, np.int8), (torch.uint8, np.uint8),
              (torch.int32, np.int32)]
     return {t: np.dtype(n) for t, n in pairs}
+
+
+def input_array(decl, value) -> np.ndarray:
+    """`value` (numpy array or torch tensor) viewed as tensor `decl`'s storage, bit-exact; a TrncError naming the
+    tensor, the expected and the given shape and dtype when it does not fit."""
+    array, given_dtype = _as_numpy(value)
+    shape = tuple(array.shape) if array is not None else tuple(value.shape)
+    if array is None or array.dtype != decl.dtype.storage or shape != tuple(decl.shape):
+        raise TrncError(f"tensor '{decl.name}': expected shape {tuple(decl.shape)} and dtype {decl.dtype.text} "
+                        f"(numpy {decl.dtype.storage}), got shape {shape} and dtype {given_dtype}")
+    return array
 
 
 def _as_numpy(value) -> tuple[np.ndarray | None, str]:

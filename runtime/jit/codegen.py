@@ -1,0 +1,108 @@
+"""The process's LLVM code generator: host target machine, optimization pipeline, object code, and loading.
+
+One Codegen per process (`codegen()`), as in numba's CPUCodegen: it initializes the native target
+(never `llvm.initialize()`, which llvmlite deprecated and which raises), builds a target machine for
+the host triple, CPU name and features (so the host's vector extensions are used) at opt level 3, and
+owns the MCJIT engine into which compiled objects are loaded. `compile` turns LLVM IR text into object
+code: verify, the new pass manager's O3 pipeline with loop and SLP vectorization, verify again, emit.
+`load` adds object code (fresh or from runtime/jit/cache.py) to the engine and returns a symbol address.
+
+Bit-exactness: kernels carry no fast-math flags, so LLVM neither reassociates nor contracts a fmul and
+fadd into an FMA (the target machine's default FP fusion only fuses explicit fmuladd intrinsics, which
+trnc never emits); tests/runtime/test_jit_matmul.py checks this on values where an FMA would differ.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import llvmlite
+import llvmlite.binding as llvm
+
+from trnc.errors import TrncError
+
+OPT_LEVEL = 3
+
+
+class Codegen:
+    """Host target machine, O3 pass pipeline, and one MCJIT engine holding every loaded kernel object."""
+
+    def __init__(self):
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        self.triple = llvm.get_process_triple()
+        self.cpu = llvm.get_host_cpu_name()
+        self.features = llvm.get_host_cpu_features().flatten()
+        target = llvm.Target.from_triple(self.triple)
+        # jit=True: the JIT code model, so objects can be relocated anywhere by MCJIT's RuntimeDyld.
+        self.target_machine = target.create_target_machine(cpu=self.cpu, features=self.features, opt=OPT_LEVEL,
+                                                           jit=True)
+        self.data_layout = str(self.target_machine.target_data)
+        owner = llvm.parse_assembly("")
+        owner.triple = self.triple
+        self._engine = llvm.create_mcjit_compiler(owner, self.target_machine)
+        self._loaded: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def identity(self) -> str:
+        """What the object code depends on besides the IR: host triple, CPU, features and the LLVM version."""
+        version = ".".join(map(str, llvm.llvm_version_info))
+        return f"{self.triple}|{self.cpu}|{self.features}|llvm {version}|llvmlite {llvmlite.__version__}"
+
+    def compile(self, ir_text: str) -> bytes:
+        """Object code of a module given as LLVM IR text, optimized at O3 for the host."""
+        return self.target_machine.emit_object(self.optimize(ir_text))
+
+    def assembly(self, ir_text: str) -> str:
+        """Host assembly of a module after the same pipeline (for debugging and tests)."""
+        return self.target_machine.emit_assembly(self.optimize(ir_text))
+
+    def optimize(self, ir_text: str) -> llvm.ModuleRef:
+        """Parse and verify the IR, run the O3 pipeline with loop and SLP vectorization, and verify again."""
+        module = llvm.parse_assembly(ir_text)
+        module.triple = self.triple
+        module.data_layout = self.data_layout
+        module.verify()
+        tuning = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
+        tuning.loop_vectorization = True
+        tuning.slp_vectorization = True
+        tuning.loop_unrolling = False
+        builder = llvm.create_pass_builder(self.target_machine, tuning)
+        builder.getModulePassManager().run(module, builder)
+        module.verify()
+        return module
+
+    def load(self, symbol: str, obj: bytes) -> int:
+        """Add object code defining `symbol` to the engine (once per symbol) and return its address."""
+        with self._lock:
+            address = self._loaded.get(symbol)
+            if address is not None:
+                return address
+            self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            self._engine.finalize_object()
+            address = self._engine.get_function_address(symbol)
+            if not address:
+                raise TrncError(f"JIT: object code does not define '{symbol}'")
+            self._loaded[symbol] = address
+            return address
+
+    def loaded(self, symbol: str) -> int | None:
+        """The address of an already loaded symbol, else None."""
+        return self._loaded.get(symbol)
+
+
+_codegen: Codegen | None = None
+
+
+def codegen() -> Codegen:
+    """The process's Codegen, created on first use."""
+    global _codegen
+    if _codegen is None:
+        _codegen = Codegen()
+    return _codegen
+
+
+def cfunc(address: int, restype, *argtypes):
+    """A ctypes function for a native address (built once by the caller, then called cheaply)."""
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)

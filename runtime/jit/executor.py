@@ -1,0 +1,407 @@
+"""Loading and running a verified Program on the JIT: kernels, argument blocks, the driver table, and binding.
+
+`load` does every piece of Python work once: it verifies the program (unless told it is verified),
+computes the reference's execution order (runtime/reference.py's rule: each time, the head of the first
+queue in QUEUE_ORDER whose waits are met), turns each instruction into a kernel signature and an
+argument block (instructions with equal fields share both), compiles or fetches each distinct kernel
+through runtime/jit/cache.py, and lays out the driver table. `JitProgram.run` then binds the memories
+and makes one native call to the driver, which runs every instruction in that order.
+
+Memories: SBUF and PSUM are uint8 host buffers [128, bytes per partition] (0xFF bytes with fill_nan,
+which is NaN in every float dtype, so a read of unwritten memory shows), outputs and scratch tensors
+are fresh zeroed arrays, and input and constant tensors are used in place, without a copy, when they
+are C-contiguous, aligned numpy arrays (or CPU torch tensors) of the exact storage dtype that the
+program never writes; otherwise they are copied. Outputs are returned as the arrays the kernels wrote.
+
+In place with a repeated element: when a written operand is identical to a read operand (the verifier
+allows that) and its access pattern reaches some element twice, a kernel visiting elements in order
+would read values it already overwrote, while the instruction reads everything first. Such a read
+operand is copied to a staging buffer by a copy kernel just before the instruction, which then reads
+the copy.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from trnc.errors import ExecutionError, TrncError
+from trnc.isa.ap import AP, Mem
+from trnc.isa.config import HwConfig, get_target
+from trnc.isa.opcodes import Kind, opspec
+from trnc.isa.program import Instruction, Program, TensorKind
+from trnc.isa.races import byte_addresses
+from trnc.isa.verify import verify
+from trnc.runtime.jit import kernels_move, kernels_pe, kernels_reduce, kernels_vector  # noqa: F401  (lowerings)
+from trnc.runtime.jit.cache import KernelCache
+from trnc.runtime.jit.codegen import Codegen, codegen
+from trnc.runtime.jit.kernels import (
+    DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, KernelSig, Layout, build_kernel, driver_ir, layout_of, static_value,
+)
+from trnc.runtime.reference import QUEUE_ORDER, input_array
+
+SBUF_MEM, PSUM_MEM, HBM_MEM0 = 0, 1, 2   # memory numbers in the mems array; HBM tensor t is HBM_MEM0 + t
+STAGE_ALIGN = 64
+
+
+class Kernels:
+    """Compiled kernels of a process: signature -> native address, through a KernelCache."""
+
+    def __init__(self, cg: Codegen | None = None, cache: KernelCache | None = None):
+        self.codegen = cg if cg is not None else codegen()
+        self.cache = cache if cache is not None else KernelCache(self.codegen)
+        self._addresses: dict[KernelSig, int] = {}
+        self._driver = None
+
+    def address(self, sig: KernelSig) -> int:
+        address = self._addresses.get(sig)
+        if address is None:
+            obj = self.cache.object_code(build_kernel(sig), what=f"kernel {sig.text}")
+            address = self._addresses[sig] = self.codegen.load(sig.symbol, obj)
+        return address
+
+    def driver(self):
+        """The ctypes function of the driver loop (compiled or fetched once per process)."""
+        if self._driver is None:
+            address = self.codegen.loaded(DRIVER_SYMBOL)
+            if address is None:
+                address = self.codegen.load(DRIVER_SYMBOL, self.cache.object_code(driver_ir(), what="the driver"))
+            self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                            ctypes.c_void_p)(address)
+        return self._driver
+
+    @property
+    def count(self) -> int:
+        """Distinct kernels resolved so far."""
+        return len(self._addresses)
+
+
+_kernels: Kernels | None = None
+
+
+def kernels() -> Kernels:
+    """The process's kernel table, created on first use."""
+    global _kernels
+    if _kernels is None:
+        _kernels = Kernels()
+    return _kernels
+
+
+@dataclass(frozen=True)
+class _Operand:
+    name: str
+    layout: Layout
+    mem: int        # memory number
+    offset: int     # byte offset of element (0, 0) in that memory
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One call of the driver: a kernel, its native address and its argument words."""
+
+    sig: KernelSig
+    address: int
+    words: tuple[int, ...]
+
+
+class JitProgram:
+    """A program loaded for the JIT: its kernels compiled and its driver table laid out; `run` executes it."""
+
+    def __init__(self, program: Program, hw: HwConfig | None = None, verified: bool = False,
+                 table: Kernels | None = None):
+        self.program = program
+        self.hw = hw if hw is not None else get_target(program.target)
+        if not verified:
+            verify(program, self.hw)
+        self.kernels = table if table is not None else kernels()
+        self.order = execution_order(program)
+        self.stage_bytes = 0
+        self._written: set[int] = set()   # HBM tensors some instruction writes
+        memo: dict[tuple, tuple[_Step, ...]] = {}           # all fields -> steps
+        self._static_memo: dict[tuple, tuple] = {}          # static fields -> staging, kernel and operand words
+        steps: list[_Step] = []
+        owners: list[int] = []   # instruction index of each driver step
+        for index in self.order:
+            ins = program.instructions[index]
+            key = _instruction_key(ins)
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = self._steps(ins)
+            steps.extend(found)
+            owners.extend([index] * len(found))
+        self.distinct_kernels = len({s.address for s in steps})
+        self._layout_table(steps, owners)
+
+    # -- load time ----------------------------------------------------------------------------------
+
+    def _operand(self, name: str, ap: AP) -> _Operand:
+        lay = layout_of(ap, self.hw)
+        if ap.mem is Mem.HBM:
+            return _Operand(name, lay, HBM_MEM0 + ap.tensor, ap.offset)
+        if ap.mem is Mem.SBUF:
+            return _Operand(name, lay, SBUF_MEM, ap.start_partition * self.hw.sbuf_bytes_per_partition + ap.offset)
+        return _Operand(name, lay, PSUM_MEM, ap.start_partition * self.hw.psum_bytes_per_partition + ap.offset)
+
+    def _steps(self, ins: Instruction) -> tuple[_Step, ...]:
+        """The driver steps of one instruction: staging copies (if any), then its kernel.
+
+        Instructions that differ only in dynamic fields (immediates, seeds) share all but the dynamic words.
+        """
+        lowering = LOWERINGS.get(ins.opcode)
+        if lowering is None:
+            raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
+        mask = _static_fields(ins.opcode)
+        key = (ins.opcode, tuple(v for (_, v), static in zip(ins.args, mask) if static))
+        part = self._static_memo.get(key)
+        if part is None:
+            part = self._static_memo[key] = self._static_part(ins, lowering)
+        pre, sig, address, operand_words = part
+        return (*pre, _Step(sig, address, (*operand_words, *lowering.dynamics(ins))))
+
+    def _static_part(self, ins: Instruction, lowering) -> tuple:
+        """(staging steps, kernel signature, kernel address, operand words) of an instruction."""
+        operands = {name: self._operand(name, ap) for name, ap, _ in ins.operands()}
+        pre: list[_Step] = []
+        stage_at = 0
+        staged = _staged_reads(ins)
+        for name in staged:
+            src = operands[name]
+            contiguous = _contiguous(src.layout)
+            copy = KernelSig("dma_copy", (("dst", contiguous), ("src", src.layout)), ())
+            operands[name] = _Operand(name, contiguous, self.stage_mem, stage_at)
+            pre.append(_Step(copy, self.kernels.address(copy), _words([operands[name], src], ())))
+            stage_at += -(-contiguous.partitions * contiguous.pstride // STAGE_ALIGN) * STAGE_ALIGN
+        self.stage_bytes = max(self.stage_bytes, stage_at)
+        statics = tuple((f, static_value(ins[f])) for f in lowering.statics)
+        sig = KernelSig(ins.opcode, tuple((o.name, o.layout) for o in operands.values()), statics,
+                        _same_groups(ins, set(staged)))
+        self._written.update(ap.tensor for _, ap, w in ins.operands() if w and ap.mem is Mem.HBM)
+        return tuple(pre), sig, self.kernels.address(sig), _words(list(operands.values()), ())
+
+    @property
+    def stage_mem(self) -> int:
+        return HBM_MEM0 + len(self.program.tensors)
+
+    def _layout_table(self, steps: list[_Step], owners: list[int]) -> None:
+        """All argument blocks in one int64 array (equal blocks stored once) and the (kernel, block) table."""
+        offsets: dict[tuple, int] = {}
+        words: list[int] = []
+        kernel_col, block_col = [], []
+        for step in steps:
+            at = offsets.get(step.words)
+            if at is None:
+                at = offsets[step.words] = len(words)
+                words.extend(step.words)
+            kernel_col.append(step.address)
+            block_col.append(at)
+        self._blocks = np.array(words or [0], dtype=np.int64)
+        table = np.empty((len(steps), 2), dtype=np.int64)
+        table[:, 0] = np.array(kernel_col, dtype=np.uint64).view(np.int64) if steps else 0
+        table[:, 1] = self._blocks.ctypes.data + 8 * np.array(block_col, dtype=np.int64)
+        self._table = table
+        self._owners = owners
+
+    # -- run time -----------------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, object], fill_nan: bool = False) -> dict[str, np.ndarray]:
+        """Execute on `inputs` (numpy arrays or torch tensors by name); return the output tensors."""
+        program = self.program
+        bound = {t.name for t in program.tensors if t.kind in (TensorKind.INPUT, TensorKind.CONST)}
+        missing, unknown = sorted(bound - set(inputs)), sorted(set(inputs) - bound)
+        if missing or unknown:
+            raise TrncError(f"inputs do not match the program: missing {missing}, unknown {unknown}; "
+                            f"expected exactly {sorted(bound)}")
+        fill = 0xFF if fill_nan else 0
+        hw = self.hw
+        mems = [np.full((hw.partitions, hw.sbuf_bytes_per_partition), fill, dtype=np.uint8),
+                np.full((hw.partitions, hw.psum_bytes_per_partition), fill, dtype=np.uint8)]
+        outputs: dict[str, np.ndarray] = {}
+        for index, decl in enumerate(program.tensors):
+            if decl.name in bound:
+                mems.append(self._bind(index, inputs[decl.name]))
+            else:
+                array = np.zeros(decl.shape, dtype=decl.dtype.storage)
+                mems.append(array)
+                if decl.kind is TensorKind.OUTPUT:
+                    outputs[decl.name] = array
+        self._call(mems)
+        return outputs
+
+    def execute(self, sbuf: np.ndarray, psum: np.ndarray, hbm: list[np.ndarray]) -> None:
+        """Run on the given memories, in place: SBUF and PSUM uint8 [partitions, bytes per partition], and one
+        C-contiguous array per HBM tensor holding exactly its bytes (the state of runtime/reference.Machine)."""
+        hw = self.hw
+        for name, mem, cols in (("sbuf", sbuf, hw.sbuf_bytes_per_partition),
+                                ("psum", psum, hw.psum_bytes_per_partition)):
+            if not (isinstance(mem, np.ndarray) and mem.dtype == np.uint8 and mem.shape == (hw.partitions, cols)
+                    and mem.flags.c_contiguous and mem.flags.writeable):
+                raise TrncError(f"{name} must be a writeable C-contiguous uint8 array of shape "
+                                f"({hw.partitions}, {cols})")
+        if len(hbm) != len(self.program.tensors):
+            raise TrncError(f"{len(hbm)} HBM arrays given; the program declares {len(self.program.tensors)} tensors")
+        for decl, array in zip(self.program.tensors, hbm):
+            if not (isinstance(array, np.ndarray) and array.nbytes == decl.num_bytes and array.flags.c_contiguous
+                    and array.flags.writeable):
+                raise TrncError(f"HBM tensor '{decl.name}' must be a writeable C-contiguous array of "
+                                f"{decl.num_bytes} bytes")
+        self._call([sbuf, psum, *hbm])
+
+    def _call(self, mems: list[np.ndarray]) -> None:
+        """The one native call: the driver runs every step on the memories (plus a fresh staging buffer)."""
+        stage = np.zeros(max(self.stage_bytes, 1), dtype=np.uint8)
+        bases = np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64)
+        status = np.zeros(4, dtype=np.int64)
+        code = self.kernels.driver()(self._table.ctypes.data, len(self._table), bases.ctypes.data,
+                                     status.ctypes.data)
+        if code:
+            raise self._fault(code, status)
+
+    def _bind(self, index: int, value) -> np.ndarray:
+        """The array holding input/constant tensor `index`: the caller's when usable in place, else a copy."""
+        array = input_array(self.program.tensors[index], value)
+        if index in self._written or not (array.flags.c_contiguous and array.flags.aligned):
+            return np.array(array, order="C", copy=True)
+        return array
+
+    def _fault(self, code: int, status: np.ndarray) -> ExecutionError:
+        index = self._owners[int(status[0])]
+        ins = self.program.instructions[index]
+        where = f"instruction {index} ({ins.opcode} on {ins.queue_name})"
+        if code == FAULT_GATHER_INDEX:
+            rows = ins["table"].partitions
+            return ExecutionError(f"{where}: gather index {int(status[2])} at partition {int(status[1])} is outside "
+                                  f"the table's rows [0, {rows})")
+        return ExecutionError(f"{where}: kernel fault code {code}")
+
+
+def load(program: Program, *, hw: HwConfig | None = None, verified: bool = False) -> JitProgram:
+    """Verify (unless `verified`) and load `program`, compiling its distinct kernels; run it with `.run(inputs)`."""
+    return JitProgram(program, hw, verified)
+
+
+def run(program: Program, inputs: Mapping[str, object], *, hw: HwConfig | None = None, fill_nan: bool = False,
+        verified: bool = False) -> dict[str, np.ndarray]:
+    """Load and execute `program` once: runtime/reference.run's interface, on the JIT."""
+    return load(program, hw=hw, verified=verified).run(inputs, fill_nan=fill_nan)
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+def _words(operands: list[_Operand], dynamics: tuple[int, ...]) -> tuple[int, ...]:
+    words: list[int] = []
+    for o in operands:
+        words += (o.mem, o.offset)
+    return (*words, *dynamics)
+
+
+def _contiguous(lay: Layout) -> Layout:
+    """The same shape, row-major and dense: the staging copy of an operand."""
+    isz = lay.dtype.itemsize
+    dims, stride = [], isz
+    for _, count in reversed(lay.dims):
+        dims.insert(0, (stride, count))
+        stride *= count
+    return Layout(lay.dtype, lay.partitions, stride, tuple(dims))
+
+
+def _instruction_key(ins: Instruction) -> tuple:
+    """The fields of an instruction, with floats by their bits (0.0 and -0.0 differ, NaN equals itself)."""
+    return (ins.opcode, tuple(struct.pack("<d", v) if type(v) is float else v for _, v in ins.args))
+
+
+@functools.lru_cache(maxsize=None)
+def _static_fields(opcode: str) -> tuple[bool, ...]:
+    """Per field of the opcode: whether it shapes the kernel or its operand words (operands and statics)."""
+    statics = LOWERINGS[opcode].statics
+    return tuple(f.kind is Kind.AP or f.name in statics for f in opspec(opcode).fields)
+
+
+def _same_groups(ins: Instruction, staged: set[str]) -> tuple[tuple[str, ...], ...]:
+    """Groups (of two or more) of operands that are one access pattern, leaving out staged copies."""
+    groups: dict[AP, list[str]] = {}
+    for name, ap, _ in ins.operands():
+        if name not in staged:
+            groups.setdefault(ap, []).append(name)
+    return tuple(tuple(g) for g in groups.values() if len(g) > 1)
+
+
+def _staged_reads(ins: Instruction) -> list[str]:
+    """Read operands identical to a written operand whose access pattern repeats an element."""
+    ops = list(ins.operands())
+    staged = []
+    for name, ap, write in ops:
+        if write:
+            continue
+        if any(w and other == ap and not _injective(other) for _, other, w in ops):
+            staged.append(name)
+    return staged
+
+
+def _injective(ap: AP) -> bool:
+    """Whether the AP reaches each of its elements' bytes once (on chip: within each partition)."""
+    addresses = byte_addresses(ap)
+    if addresses is None:
+        return False
+    per_partition = 1 if ap.mem is Mem.HBM else ap.partitions
+    return addresses.size * per_partition == ap.num_bytes
+
+
+def execution_order(program: Program) -> list[int]:
+    """Instruction indices in the order runtime/reference.run executes them, computed without executing.
+
+    The reference starts, each time, the head of the first queue in QUEUE_ORDER whose waits are met. A
+    head that is not ready is parked on one unmet semaphore and looked at again only when that semaphore
+    is signalled, so the cost is about constant per instruction instead of per queue.
+    """
+    queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
+    queues: list[deque[int]] = [deque() for _ in QUEUE_ORDER]
+    for index, ins in enumerate(program.instructions):
+        q = queue_of.get(ins.queue_name)
+        if q is None:
+            raise TrncError(f"instruction {index} ({ins.opcode}) is on queue '{ins.queue_name}'; queues are "
+                            f"{', '.join(QUEUE_ORDER)}")
+        queues[q].append(index)
+    counts = [0] * program.num_semaphores
+    parked: list[list[int]] = [[] for _ in counts]
+    ready = [False] * len(queues)
+    instructions = program.instructions
+
+    def look(q: int) -> None:
+        if not queues[q]:
+            return
+        for s, v in instructions[queues[q][0]].waits:
+            if counts[s] < v:
+                parked[s].append(q)
+                return
+        ready[q] = True
+
+    for q in range(len(queues)):
+        look(q)
+    order: list[int] = []
+    for _ in range(len(instructions)):
+        q = ready.index(True) if True in ready else -1
+        if q < 0:
+            raise ExecutionError("deadlock: no queue can start its next instruction; "
+                                 + "; ".join(_blocked(program, qu[0], counts) for qu in queues if qu))
+        index = queues[q].popleft()
+        order.append(index)
+        ready[q] = False
+        for s in instructions[index].signals:
+            counts[s] += 1
+            woken, parked[s] = parked[s], []
+            for other in woken:
+                look(other)
+        look(q)
+    return order
+
+
+def _blocked(program: Program, index: int, counts: list[int]) -> str:
+    ins = program.instructions[index]
+    unmet = ", ".join(f"sem {s} >= {v} (count {counts[s]})" for s, v in ins.waits if counts[s] < v)
+    return f"instruction {index} ({ins.opcode} on {ins.queue_name}) waits for {unmet}"
+

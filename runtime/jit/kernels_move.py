@@ -1,0 +1,147 @@
+"""Lowerings of the data-movement opcodes: dma_copy, tensor_copy, dma_gather, transpose, partition_broadcast,
+memset and iota.
+
+Same-dtype moves copy the storage bits (NaN payloads included, spec_intro.md "Writing"); a move between
+dtypes reads fp32 and converts on write through runtime/jit/kernels_values.py, like runtime/reference_ops._move.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+
+import numpy as np
+
+from trnc.isa.dtypes import DType
+from trnc.isa.enums import Rounding
+from trnc.runtime.convert import from_fp32
+from trnc.runtime.jit import kernels_values as values
+from trnc.runtime.jit.kernels import (
+    FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, KernelBuilder, KernelSig, Layout, Stream, flat_stream, i64, lowering,
+    partition_starts, stream,
+)
+
+
+def move_element(kb: KernelBuilder, src: Layout, src_base, src_off, dst: Layout, dst_base, dst_off,
+                 rounding: Rounding = Rounding.RNE, rand=None) -> None:
+    """dst = src: the bits when the dtypes are equal, else convert(fp32(src), dst.dtype)."""
+    if src.dtype is dst.dtype:
+        kb.store_bits(kb.load_bits(src_base, src_off, src.dtype), dst_base, dst_off, dst.dtype)
+        return
+    x = values.load_f32(kb, src_base, src_off, src.dtype)
+    values.store_f32(kb, x, dst_base, dst_off, dst.dtype, rounding, rand)
+
+
+def _copy(kb: KernelBuilder, sig: KernelSig, rounding: Rounding = Rounding.RNE, seed=None) -> None:
+    dst, src = sig.layout("dst"), sig.layout("src")
+    dbase, sbase = kb.base("dst"), kb.base("src")
+    streams = [stream(dst), stream(src)] + ([flat_stream(dst.counts)] if seed is not None else [])
+    with kb.loop(dst.partitions, "p") as p:
+        starts = partition_starts(kb, p, [dst, src]) + ([i64(0)] if seed is not None else [])
+        with kb.elements(streams, starts, dst.free_size) as offs:
+            rand = values.sr_rand(kb, seed, p, offs[2]) if seed is not None else None
+            move_element(kb, src, sbase, offs[1], dst, dbase, offs[0], rounding, rand)
+
+
+@lowering("dma_copy")
+def dma_copy(kb: KernelBuilder, sig: KernelSig) -> None:
+    _copy(kb, sig)
+
+
+def _copy_is_sr(sig: KernelSig) -> bool:
+    return sig.static("rounding") == Rounding.SR and sig.layout("src").dtype is not sig.layout("dst").dtype
+
+
+@lowering("tensor_copy", statics=("rounding",), dynamics=lambda ins: (int(ins["seed"]),))
+def tensor_copy(kb: KernelBuilder, sig: KernelSig) -> None:
+    if _copy_is_sr(sig):
+        _copy(kb, sig, Rounding.SR, kb.dynamic(0))
+    else:
+        _copy(kb, sig)
+
+
+@lowering("dma_gather")
+def dma_gather(kb: KernelBuilder, sig: KernelSig) -> None:
+    """Check every index first (a fault writes nothing), then copy row index[p] of the table to dst[p]."""
+    dst, table, index = sig.layout("dst"), sig.layout("table"), sig.layout("index")
+    dbase, tbase, ibase = kb.base("dst"), kb.base("table"), kb.base("index")
+    b = kb.b
+    with kb.loop(dst.partitions, "check") as p:
+        row = b.sext(kb.load_bits(ibase, kb.mul(p, index.pstride), DType.INT32), I64)
+        bad = b.or_(b.icmp_signed("<", row, i64(0)), b.icmp_signed(">=", row, i64(table.partitions)))
+        with b.if_then(bad, likely=False):
+            kb.fail(FAULT_GATHER_INDEX, [p, row])
+    with kb.loop(dst.partitions, "p") as p:
+        row = b.sext(kb.load_bits(ibase, kb.mul(p, index.pstride), DType.INT32), I64)
+        starts = [kb.mul(p, dst.pstride), b.mul(row, i64(table.pstride))]
+        with kb.elements([stream(dst), stream(table)], starts, dst.free_size) as (doff, toff):
+            kb.store_bits(kb.load_bits(tbase, toff, table.dtype), dbase, doff, dst.dtype)
+
+
+@lowering("transpose")
+def transpose(kb: KernelBuilder, sig: KernelSig) -> None:
+    """dst[f, p] = src[p, f], written in dst's (f, p) order."""
+    dst, src = sig.layout("dst"), sig.layout("src")
+    dbase, sbase = kb.base("dst"), kb.base("src")
+    column = Stream(0, ((src.pstride, src.partitions),))   # src[p, f] for p = 0.. at fixed f
+    with kb.loop(dst.partitions, "f") as f:
+        starts = [kb.mul(f, dst.pstride), kb.flat_offset(f, src)]
+        with kb.elements([stream(dst), column], starts, dst.free_size) as (doff, soff):
+            move_element(kb, src, sbase, soff, dst, dbase, doff)
+
+
+@lowering("partition_broadcast")
+def partition_broadcast(kb: KernelBuilder, sig: KernelSig) -> None:
+    dst, src = sig.layout("dst"), sig.layout("src")
+    dbase, sbase = kb.base("dst"), kb.base("src")
+    with kb.loop(dst.partitions, "p") as p:
+        with kb.elements([stream(dst), stream(src)], [kb.mul(p, dst.pstride), i64(0)], dst.free_size) as offs:
+            move_element(kb, src, sbase, offs[1], dst, dbase, offs[0])
+
+
+def _memset_bits(ins) -> tuple[int, ...]:
+    """The fill value converted once, here, to the dst dtype's storage bits (runtime/convert.py)."""
+    return (_fill_code(struct.pack("<d", ins["value"]), ins["dst"].dtype),)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fill_code(double: bytes, dtype: DType) -> int:
+    """Keyed by the double's bits, so 0.0 and -0.0 (equal as floats) stay apart."""
+    code = from_fp32(np.array(struct.unpack("<d", double), dtype=np.float32), dtype)
+    return int(code.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[dtype.itemsize])[0])
+
+
+@lowering("memset", dynamics=_memset_bits)
+def memset(kb: KernelBuilder, sig: KernelSig) -> None:
+    dst = sig.layout("dst")
+    dbase = kb.base("dst")
+    bits = kb.b.trunc(kb.dynamic(0), INT_OF_SIZE[dst.dtype.itemsize])
+    with kb.loop(dst.partitions, "p") as p:
+        with kb.elements([stream(dst)], [kb.mul(p, dst.pstride)], dst.free_size) as (doff,):
+            kb.store_bits(bits, dbase, doff, dst.dtype)
+
+
+def affine_stream(sig: KernelSig, lay: Layout) -> Stream:
+    """base + p * partition_step + sum(i_j * steps_j), without base, over the dims of `lay` (iota, affine_select)."""
+    steps = sig.static("steps")
+    return Stream(sig.static("partition_step"), tuple((steps[j], c) for j, c in enumerate(lay.counts)))
+
+
+def affine_value(kb: KernelBuilder, base, offset):
+    """The int32 value of the affine expression: (base + offset) mod 2^32, as i32."""
+    return kb.b.trunc(kb.b.add(base, offset), I32)
+
+
+@lowering("iota", statics=("partition_step", "steps"), dynamics=lambda ins: (int(ins["base"]),))
+def iota(kb: KernelBuilder, sig: KernelSig) -> None:
+    """dst = base + p * partition_step + sum(i_j * steps_j) in int32 wrapping arithmetic, converted."""
+    dst = sig.layout("dst")
+    dbase, base = kb.base("dst"), kb.dynamic(0)
+    affine = affine_stream(sig, dst)
+    with kb.loop(dst.partitions, "p") as p:
+        starts = [kb.mul(p, dst.pstride), kb.mul(p, affine.pstride)]
+        with kb.elements([stream(dst), affine], starts, dst.free_size) as (doff, voff):
+            v = affine_value(kb, base, voff)
+            if dst.dtype is DType.INT32:
+                kb.store_bits(v, dbase, doff, dst.dtype)
+            else:
+                values.store_f32(kb, values.int32_to_f32(kb, v), dbase, doff, dst.dtype)

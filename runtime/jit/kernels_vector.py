@@ -1,0 +1,126 @@
+"""Lowerings of the elementwise compute opcodes: activation, tensor_tensor, tensor_scalar, select, affine_select.
+
+Every element is read as fp32, computed with the fp32 algorithms of runtime/fp32math.py (through
+runtime/jit/kernels_values.py) and converted on write, element by element in (p, e) order. Per-partition
+operands (scale_ap, bias_ap, scalar*_ap) are read once at the start of each partition and activation's
+accum is written at its end, so an operand that is both read and written sees its old value.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+
+import numpy as np
+from llvmlite import ir
+
+from trnc.isa.enums import AluOp
+from trnc.runtime.jit import kernels_values as values
+from trnc.runtime.jit.kernels import F32, KernelBuilder, KernelSig, lowering, partition_starts, stream
+from trnc.runtime.jit.kernels_move import affine_stream, affine_value
+
+
+def f32_word(value: float) -> int:
+    """An f32 immediate as the bits of np.float32(value), the reference's rounding of a Python float."""
+    return _f32_bits(struct.pack("<d", value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _f32_bits(double: bytes) -> int:
+    """Keyed by the double's bits, so 0.0 and -0.0 (equal as floats) stay apart."""
+    value = struct.unpack("<d", double)[0]
+    return int(np.array([value], dtype=np.float32).view(np.uint32)[0])
+
+
+def _per_partition(kb: KernelBuilder, sig: KernelSig, name: str, p, immediate: int) -> ir.Value:
+    """A [P, 1] operand's fp32 value at partition p, or the dynamic f32 immediate number `immediate`."""
+    lay = sig.layout(name)
+    if lay is None:
+        return kb.dynamic_f32(immediate)
+    return values.load_f32(kb, kb.base(name), kb.mul(p, lay.pstride), lay.dtype)
+
+
+@lowering("activation", statics=("func",), dynamics=lambda ins: (f32_word(ins["scale"]), f32_word(ins["bias"])))
+def activation(kb: KernelBuilder, sig: KernelSig) -> None:
+    """y = func(fp32(fp32(x * scale) + bias)); dst = convert(y); accum[p] = fp32 sum of y from +0.0 in order."""
+    dst, src, accum = sig.layout("dst"), sig.layout("src"), sig.layout("accum")
+    dbase, sbase = kb.base("dst"), kb.base("src")
+    b = kb.b
+    acc = kb.alloca(F32, name="acc")
+    with kb.loop(dst.partitions, "p") as p:
+        scale = _per_partition(kb, sig, "scale_ap", p, 0)
+        bias = _per_partition(kb, sig, "bias_ap", p, 1)
+        b.store(ir.Constant(F32, 0.0), acc)
+        with kb.elements([stream(dst), stream(src)], partition_starts(kb, p, [dst, src]), dst.free_size) as offs:
+            x = values.load_f32(kb, sbase, offs[1], src.dtype)
+            y = values.activation(kb, sig.static("func"), values.add(kb, values.mul(kb, x, scale), bias))
+            values.store_f32(kb, y, dbase, offs[0], dst.dtype)
+            b.store(values.add(kb, b.load(acc), y), acc)
+        if accum is not None:
+            values.store_f32(kb, b.load(acc), kb.base("accum"), kb.mul(p, accum.pstride), accum.dtype)
+
+
+@lowering("tensor_tensor", statics=("op",))
+def tensor_tensor(kb: KernelBuilder, sig: KernelSig) -> None:
+    dst, in0, in1 = sig.layout("dst"), sig.layout("in0"), sig.layout("in1")
+    bases = [kb.base(n) for n in ("dst", "in0", "in1")]
+    with kb.loop(dst.partitions, "p") as p:
+        lays = [dst, in0, in1]
+        with kb.elements([stream(x) for x in lays], partition_starts(kb, p, lays), dst.free_size) as offs:
+            a = values.load_f32(kb, bases[1], offs[1], in0.dtype)
+            c = values.load_f32(kb, bases[2], offs[2], in1.dtype)
+            values.store_f32(kb, values.alu(kb, sig.static("op"), a, c), bases[0], offs[0], dst.dtype)
+
+
+@lowering("tensor_scalar", statics=("op0", "reverse0", "op1", "reverse1"),
+          dynamics=lambda ins: (f32_word(ins["scalar0"]), f32_word(ins["scalar1"])))
+def tensor_scalar(kb: KernelBuilder, sig: KernelSig) -> None:
+    """t = op0(x, s0) (swapped if reverse0); t = op1(t, s1) (swapped if reverse1); dst = convert(t)."""
+    dst, src = sig.layout("dst"), sig.layout("src")
+    dbase, sbase = kb.base("dst"), kb.base("src")
+
+    def apply(op, t, s, reverse):
+        return values.alu(kb, op, s, t) if reverse else values.alu(kb, op, t, s)
+
+    with kb.loop(dst.partitions, "p") as p:
+        s0 = _per_partition(kb, sig, "scalar0_ap", p, 0)
+        s1 = _per_partition(kb, sig, "scalar1_ap", p, 1)
+        with kb.elements([stream(dst), stream(src)], partition_starts(kb, p, [dst, src]), dst.free_size) as offs:
+            t = values.load_f32(kb, sbase, offs[1], src.dtype)
+            t = apply(sig.static("op0"), t, s0, sig.static("reverse0"))
+            t = apply(sig.static("op1"), t, s1, sig.static("reverse1"))
+            values.store_f32(kb, t, dbase, offs[0], dst.dtype)
+
+
+@lowering("select")
+def select(kb: KernelBuilder, sig: KernelSig) -> None:
+    """dst = convert(fp32(on_true) if fp32(pred) != 0 else fp32(on_false)); NaN counts as nonzero."""
+    names = ("dst", "pred", "on_true", "on_false")
+    lays = [sig.layout(n) for n in names]
+    bases = [kb.base(n) for n in names]
+    with kb.loop(lays[0].partitions, "p") as p:
+        with kb.elements([stream(x) for x in lays], partition_starts(kb, p, lays), lays[0].free_size) as offs:
+            pred, yes, no = (values.load_f32(kb, bases[k], offs[k], lays[k].dtype) for k in (1, 2, 3))
+            y = kb.b.select(values.nonzero(kb, pred), yes, no)
+            values.store_f32(kb, y, bases[0], offs[0], lays[0].dtype)
+
+
+# The comparisons affine_select may use (isa.enums.COMPARISONS), on the signed int32 expression.
+INT_PREDICATES = {AluOp.EQ: "==", AluOp.NE: "!=", AluOp.LT: "<", AluOp.LE: "<=", AluOp.GT: ">", AluOp.GE: ">="}
+
+
+@lowering("affine_select", statics=("cmp", "partition_step", "steps"),
+          dynamics=lambda ins: (int(ins["base"]), f32_word(ins["fill"])))
+def affine_select(kb: KernelBuilder, sig: KernelSig) -> None:
+    """dst = convert(fp32(src) if cmp(base + p*partition_step + sum(i_j*steps_j), 0) else fill)."""
+    dst, src = sig.layout("dst"), sig.layout("src")
+    dbase, sbase = kb.base("dst"), kb.base("src")
+    base, fill = kb.dynamic(0), kb.dynamic_f32(1)
+    affine = affine_stream(sig, dst)
+    predicate = INT_PREDICATES[sig.static("cmp")]
+    with kb.loop(dst.partitions, "p") as p:
+        starts = partition_starts(kb, p, [dst, src]) + [kb.mul(p, affine.pstride)]
+        with kb.elements([stream(dst), stream(src), affine], starts, dst.free_size) as (doff, soff, voff):
+            v = affine_value(kb, base, voff)
+            keep = kb.b.icmp_signed(predicate, v, ir.Constant(v.type, 0))
+            x = values.load_f32(kb, sbase, soff, src.dtype)
+            values.store_f32(kb, kb.b.select(keep, x, fill), dbase, doff, dst.dtype)

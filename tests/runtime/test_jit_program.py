@@ -1,0 +1,249 @@
+"""The JIT executor on whole programs: execution order, binding, outputs, faults, refusals and kernel counts."""
+from __future__ import annotations
+
+import random
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from aps import hbm, onchip
+from strategies import valid_programs
+from test_jit_ops import random_values
+from trnc import flags
+from trnc.errors import ExecutionError, TrncError, VerifyError
+from trnc.isa import AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
+from trnc.isa.asm import format_instruction
+from trnc.runtime import reference
+from trnc.runtime.convert import bits_equal_or_both_nan
+from trnc.runtime.jit import executor
+from trnc.runtime.jit.cache import KernelCache
+from trnc.runtime.jit.codegen import Codegen
+from trnc.runtime.jit.executor import JitProgram, Kernels, execution_order, load
+from trnc.runtime.jit.kernels import LOWERINGS, build_kernel
+
+F32, BF16, I32 = DType.FP32, DType.BF16, DType.INT32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def private_cache(tmp_path_factory):
+    with flags.override(TRNC_CACHE_DIR=tmp_path_factory.mktemp("trnc-cache")):
+        yield
+
+
+def inputs_for(program: Program, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {t.name: random_values(rng, t.dtype, t.num_elements).reshape(t.shape)
+            for t in program.tensors if t.kind in (TensorKind.INPUT, TensorKind.CONST)}
+
+
+def outcome(run, program, inputs, **kw):
+    """The outputs of a run, or the ExecutionError message it raised."""
+    try:
+        return run(program, inputs, **kw)
+    except ExecutionError as e:
+        return str(e)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_programs(max_instructions=6))
+def test_whole_programs_match_the_reference(program):
+    inputs = inputs_for(program, 0)
+    want = outcome(reference.run, program, inputs)
+    got = outcome(executor.run, program, inputs)
+    if isinstance(want, str) or isinstance(got, str):
+        assert got == want
+        return
+    assert set(got) == set(want)
+    for t in program.tensors:
+        if t.name in want:
+            same = bits_equal_or_both_nan(got[t.name], want[t.name], t.dtype)
+            assert same.all(), f"output {t.name} differs at {np.argwhere(~same)[0]}\n" + \
+                "\n".join(format_instruction(i, program) for i in program.instructions)
+
+
+def random_schedule(seed: int, n: int = 60) -> Program:
+    """Instructions on random queues, each signalling its queue's semaphore and waiting on counts other queues
+    reach earlier in list order (so list order is legal and there is no deadlock)."""
+    rng = random.Random(seed)
+    queues = [(Engine.DVE, 0), (Engine.POOL, 0), (Engine.ACT, 0), (Engine.DMA, 0), (Engine.DMA, 3)]
+    signalled = [0] * len(queues)
+    instrs = []
+    for _ in range(n):
+        q = rng.randrange(len(queues))
+        engine, queue = queues[q]
+        waits = tuple((o, rng.randint(1, signalled[o])) for o in range(len(queues))
+                      if o != q and signalled[o] and rng.random() < 0.4)
+        dst = onchip(F32, (1, 1), offset=4 * len(instrs))
+        if engine is Engine.DMA:
+            ins = Instruction.make("dma_copy", engine, queue=queue, dst=dst, src=onchip(F32, (1, 1), offset=100_000))
+        elif engine is Engine.ACT:
+            ins = Instruction.make("tensor_copy", engine, dst=dst, src=onchip(F32, (1, 1), offset=100_000))
+        else:
+            ins = Instruction.make("memset", engine, dst=dst, value=1.0)
+        instrs.append(ins.replace(waits=waits, signals=(q,)))
+        signalled[q] += 1
+    return Program((), tuple(instrs))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_execution_order_is_the_references(seed):
+    program = random_schedule(seed)
+    machine = reference.Machine(program)
+    want = []
+    for index in reference._execution_order(machine):
+        want.append(index)
+        for s in program.instructions[index].signals:
+            machine.semaphores[s] += 1
+    assert execution_order(program) == want
+    assert want != sorted(want)   # the schedules really interleave queues
+
+
+def copy_program(dtype=F32, shape=(4, 8), write_input=False) -> Program:
+    """x (input) -> SBUF -> y (output); with write_input, SBUF is also copied back into x."""
+    tensors = (TensorDecl("x", TensorKind.INPUT, dtype, shape), TensorDecl("y", TensorKind.OUTPUT, dtype, shape))
+    ins = [Instruction.make("dma_copy", Engine.DMA, dst=onchip(dtype, shape), src=hbm(0, dtype, shape), signals=(0,)),
+           Instruction.make("dma_copy", Engine.DMA, queue=1, dst=hbm(1, dtype, shape), src=onchip(dtype, shape),
+                            waits=((0, 1),), signals=(1,))]
+    if write_input:
+        ins.append(Instruction.make("dma_copy", Engine.DMA, queue=2, dst=hbm(0, dtype, shape),
+                                    src=onchip(dtype, shape), waits=((1, 1),)))
+    return Program(tensors, tuple(ins))
+
+
+def test_inputs_are_used_in_place_when_the_layout_allows():
+    jp = load(copy_program())
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    assert jp._bind(0, x) is x
+    assert np.array_equal(jp.run({"x": x})["y"], x)
+    strided = np.arange(64, dtype=np.float32).reshape(4, 16)[:, ::2]
+    assert not np.shares_memory(jp._bind(0, strided), strided)
+    assert np.array_equal(jp.run({"x": strided})["y"], strided)
+
+
+def test_torch_inputs_bind_without_copy_including_bf16():
+    jp = load(copy_program(BF16))
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    bound = jp._bind(0, x)
+    assert bound.ctypes.data == x.data_ptr()
+    got = jp.run({"x": x})["y"]
+    assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+    assert np.array_equal(got.view(np.uint16), x.view(torch.int16).numpy().view(np.uint16))
+
+
+def test_an_input_the_program_writes_is_copied_so_the_callers_array_is_unchanged():
+    program = copy_program(write_input=True)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    before = x.copy()
+    got = load(program).run({"x": x})
+    assert np.array_equal(x, before)
+    assert np.array_equal(got["y"], reference.run(program, {"x": x})["y"])
+
+
+@pytest.mark.parametrize("bad, given", [(np.zeros((4, 9), np.float32), "(4, 9)"),
+                                        (np.zeros((4, 8), np.float64), "float64"),
+                                        (torch.zeros(4, 8, dtype=torch.float16), "torch.float16")])
+def test_wrong_input_shape_or_dtype_names_the_input_and_both_layouts(bad, given):
+    with pytest.raises(TrncError) as err:
+        load(copy_program()).run({"x": bad})
+    message = str(err.value)
+    assert "'x'" in message and "(4, 8)" in message and "fp32" in message and given in message
+
+
+def test_missing_and_unknown_inputs_are_named():
+    with pytest.raises(TrncError, match=r"missing \['x'\], unknown \['z'\]"):
+        load(copy_program()).run({"z": np.zeros((4, 8), np.float32)})
+
+
+def test_an_unverified_program_is_refused():
+    bad = Program((), (Instruction.make("memset", Engine.DVE, dst=onchip(F32, (4, 8), offset=10**9), value=0.0),))
+    with pytest.raises(VerifyError, match="ap-bounds"):
+        load(bad)
+
+
+def test_gather_index_out_of_range_raises_the_references_error():
+    tensors = (TensorDecl("table", TensorKind.INPUT, F32, (6, 4)), TensorDecl("idx", TensorKind.INPUT, I32, (3, 1)))
+    index_ap = onchip(I32, (3, 1), offset=256)
+    ins = (Instruction.make("dma_copy", Engine.DMA, dst=index_ap, src=hbm(1, I32, (3, 1)), signals=(0,)),
+           Instruction.make("dma_gather", Engine.DMA, queue=1, dst=onchip(F32, (3, 4)), table=hbm(0, F32, (6, 4)),
+                            index=index_ap, waits=((0, 1),)))
+    program = Program(tensors, ins)
+    inputs = {"table": np.zeros((6, 4), np.float32), "idx": np.array([[2], [6], [-1]], np.int32)}
+    with pytest.raises(ExecutionError) as want:
+        reference.run(program, inputs)
+    with pytest.raises(ExecutionError) as got:
+        load(program).run(inputs)
+    assert str(got.value) == str(want.value)
+    assert "instruction 1" in str(got.value) and "gather index 6 at partition 1" in str(got.value)
+
+
+def test_fill_nan_shows_a_read_of_unwritten_memory():
+    tensors = (TensorDecl("y", TensorKind.OUTPUT, F32, (2, 3)),)
+    program = Program(tensors, (Instruction.make("dma_copy", Engine.DMA, dst=hbm(0, F32, (2, 3)),
+                                                 src=onchip(F32, (2, 3), offset=512)),))
+    jp = load(program)
+    assert np.isnan(jp.run({}, fill_nan=True)["y"]).all()
+    assert (jp.run({})["y"] == 0).all()
+
+
+def test_an_opcode_without_lowering_is_refused_at_load(monkeypatch):
+    monkeypatch.delitem(LOWERINGS, "memset")
+    program = Program((), (Instruction.make("memset", Engine.DVE, dst=onchip(F32, (4, 8)), value=1.0),))
+    with pytest.raises(TrncError, match="JIT: opcode memset is not lowered yet; use runtime.reference"):
+        load(program)
+
+
+def test_execute_rejects_memories_of_the_wrong_layout():
+    jp = load(copy_program())
+    sbuf = np.zeros((128, jp.hw.sbuf_bytes_per_partition), np.uint8)
+    psum = np.zeros((128, jp.hw.psum_bytes_per_partition), np.uint8)
+    with pytest.raises(TrncError, match="sbuf must be"):
+        jp.execute(sbuf[:, :100], psum, [np.zeros(128, np.uint8)] * 2)
+    with pytest.raises(TrncError, match="HBM tensor 'y'"):
+        jp.execute(sbuf, psum, [np.zeros(128, np.uint8), np.zeros(127, np.uint8)])
+
+
+def test_ten_thousand_instructions_compile_only_their_distinct_kernels():
+    shapes = [(8, 4), (16, 16), (128, 2)]
+    instrs = []
+    for i in range(10_000):
+        p, f = shapes[i % 3]
+        off = 64 * (i % 50)
+        instrs.append(Instruction.make("tensor_tensor", Engine.DVE, dst=onchip(F32, (p, f), offset=off),
+                                       in0=onchip(F32, (p, f), offset=off), in1=onchip(F32, (p, f), offset=8192),
+                                       op=AluOp.ADD if i % 2 else AluOp.MUL))
+        if i % 1000 == 0:
+            instrs.append(Instruction.make("memset", Engine.DVE, dst=onchip(F32, (p, f), offset=8192), value=0.5))
+    program = Program((), tuple(instrs))
+    codegen = Codegen()
+    table = Kernels(codegen, KernelCache(codegen))
+    jp = JitProgram(program, verified=True, table=table)
+    assert jp.distinct_kernels == 3 * 2 + 3   # tensor_tensor: 3 shapes x 2 ops; memset: 3 shapes
+    assert table.count == 9 and table.cache.stats.misses + table.cache.stats.disk_hits == 9
+    assert len(jp._table) == len(instrs)
+
+
+def test_no_fused_multiply_add_in_an_fp32_matmul():
+    """acc = fp32(fp32(-1 * 1) + fp32(a * a)) with a = 1 + 2^-12: the product rounds (a tie, to even) to 1 + 2^-11,
+    so the result is 2^-11; an FMA would keep the exact product and give 2^-11 + 2^-24."""
+    a = np.float32(1 + 2 ** -12)
+    st, mv = onchip(F32, (2, 1)), onchip(F32, (2, 1), offset=64)
+    dst = onchip(F32, (1, 1), mem=Mem.PSUM)
+    tensors = (TensorDecl("s", TensorKind.INPUT, F32, (2, 1)), TensorDecl("v", TensorKind.INPUT, F32, (2, 1)),
+               TensorDecl("y", TensorKind.OUTPUT, F32, (1, 1)))
+    program = Program(tensors, (
+        Instruction.make("dma_copy", Engine.DMA, dst=st, src=hbm(0, F32, (2, 1)), signals=(0,)),
+        Instruction.make("dma_copy", Engine.DMA, dst=mv, src=hbm(1, F32, (2, 1)), signals=(0,)),
+        Instruction.make("matmul", Engine.PE, dst=dst, stationary=st, moving=mv, waits=((0, 2),), signals=(1,)),
+        Instruction.make("tensor_copy", Engine.DVE, dst=onchip(F32, (1, 1), offset=128), src=dst, waits=((1, 1),),
+                         signals=(2,)),
+        Instruction.make("dma_copy", Engine.DMA, queue=1, dst=hbm(2, F32, (1, 1)), src=onchip(F32, (1, 1), offset=128),
+                         waits=((2, 1),))))
+    inputs = {"s": np.array([[-1.0], [a]], np.float32), "v": np.array([[1.0], [a]], np.float32)}
+    got = load(program).run(inputs)["y"][0, 0]
+    assert got == np.float32(2 ** -11) == reference.run(program, inputs)["y"][0, 0]
+    sig = next(s for s in load(program).kernels._addresses if s.opcode == "matmul")
+    assert re.search(r"vfn?m(add|sub)", Codegen().assembly(build_kernel(sig))) is None
