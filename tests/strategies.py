@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+from collections.abc import Mapping
 
 import numpy as np
 from hypothesis import strategies as st
@@ -223,10 +224,16 @@ class _Builder:
 
     The operands of one instruction never overlap (the verifier allows a written operand only disjoint
     from the others or identical to one): each on-chip operand takes its own region of its memory (in
-    PSUM, its own bank) and each HBM operand its own tensor."""
+    PSUM, its own bank) and each HBM operand its own tensor.
 
-    def __init__(self, rng: Rand, hw: HwConfig, tensors: tuple[TensorDecl, ...], engine: Engine):
+    `pins` (field name -> dtype of that AP field, or the value of a field that shapes the operands)
+    override what the builder draws; the draws are made all the same, so without pins the builder draws
+    exactly what it always did."""
+
+    def __init__(self, rng: Rand, hw: HwConfig, tensors: tuple[TensorDecl, ...], engine: Engine,
+                 pins: Mapping[str, object] | None = None):
         self.rng, self.hw, self.tensors, self.engine = rng, hw, tensors, engine
+        self.pins = dict(pins or {})
         self.slots = {Mem.SBUF: rng.permutation(_SLOTS), Mem.PSUM: rng.permutation(hw.psum_banks)}
         self.slot_bytes = {Mem.SBUF: hw.sbuf_bytes_per_partition // _SLOTS // 64 * 64, Mem.PSUM: PSUM_BANK_BYTES}
         self.free_tensors = set(range(len(tensors)))
@@ -258,8 +265,12 @@ class _Builder:
     def mem(self, *allowed: Mem) -> Mem:
         return self.rng.choice([m for m in _ENGINE_MEMS[self.engine] if not allowed or m in allowed])
 
-    def dtype(self, choices=None) -> DType:
-        return self.rng.choice(sorted(choices, key=lambda d: d.code) if choices else _DATA_DTYPES)
+    def pin(self, name: str | None, drawn):
+        """`drawn`, unless field `name` is pinned."""
+        return self.pins.get(name, drawn)
+
+    def dtype(self, choices=None, name: str | None = None) -> DType:
+        return self.pin(name, self.rng.choice(sorted(choices, key=lambda d: d.code) if choices else _DATA_DTYPES))
 
     def on_chip(self, mem: Mem, dtype: DType, partitions: int, counts: tuple[int, ...]) -> AP:
         """An operand in a region of `mem` no other operand of the instruction uses (in PSUM: one bank)."""
@@ -279,17 +290,31 @@ class _Builder:
         return AP(Mem.HBM, decl.dtype, partitions, tuple(zip(strides[1:], counts)),
                   (start + base) * decl.dtype.itemsize, tensor=tensor, partition_stride=strides[0])
 
-    def operand(self, partitions: int, free: int) -> AP:
-        """An operand of `partitions` x `free` elements in one of the engine's memories."""
-        fits = [i for i in sorted(self.free_tensors) if self.tensors[i].num_elements >= partitions * free]
+    def takes(self, name: str | None, tensor: int) -> bool:
+        """Whether operand `name` may live in `tensor`: one of its pinned dtype, else of a value dtype (e8m0 is
+        only an MX scale, so only a pinned operand goes to an e8m0 tensor)."""
+        dtype = self.tensors[tensor].dtype
+        return dtype is self.pins[name] if name in self.pins else dtype is not DType.E8M0
+
+    def operand(self, partitions: int, free: int, name: str | None = None) -> AP:
+        """An operand of `partitions` x `free` elements in one of the engine's memories (in SBUF instead of HBM
+        when no free tensor is big enough or of the pinned dtype)."""
+        fits = [i for i in sorted(self.free_tensors)
+                if self.tensors[i].num_elements >= partitions * free and self.takes(name, i)]
         mem = self.mem()
         if mem is Mem.HBM and fits:
             return self.hbm(self.rng.choice(fits), partitions, self.split(free))
-        return self.on_chip(Mem.SBUF if mem is Mem.HBM else mem, self.dtype(), partitions, self.split(free))
+        return self.on_chip(Mem.SBUF if mem is Mem.HBM else mem, self.dtype(name=name), partitions, self.split(free))
 
-    def column(self, partitions: int, dtype: DType | None = None) -> AP:
+    def column(self, partitions: int, dtype: DType | None = None, name: str | None = None) -> AP:
         """A per-partition [P, 1] operand, on chip."""
-        return self.on_chip(self.mem(Mem.SBUF, Mem.PSUM), dtype or self.dtype(), partitions, self.split(1))
+        return self.on_chip(self.mem(Mem.SBUF, Mem.PSUM), self.pin(name, dtype or self.dtype()), partitions,
+                            self.split(1))
+
+    def columns(self, partitions: int, names: tuple[str, ...]) -> dict:
+        """Optional per-partition operands, each present half the time (always when pinned)."""
+        return {name: self.column(partitions, name=name) if self.rng.coin() or name in self.pins else None
+                for name in names}
 
     def size(self, hi: int = _MAX_P) -> int:
         return self.rng.size(hi)
@@ -300,18 +325,19 @@ class _Builder:
 
 def _elementwise(b: _Builder, data: tuple[str, ...], columns: tuple[str, ...] = (), **extra) -> dict:
     p, f = b.size(), b.size(_MAX_F)
-    fields = {name: b.operand(p, f) for name in data}
-    fields.update({name: b.column(p) if b.rng.coin() else None for name in columns})
+    fields = {name: b.operand(p, f, name) for name in data}
+    fields.update(b.columns(p, columns))
     return {**fields, **extra}
 
 
 def _matmul(b: _Builder) -> dict:
-    double = b.hw.fp8_double_row and b.rng.coin()
-    dtype = b.dtype(_FP8 if double else MATMUL_DTYPES)
-    other = dtype if dtype is DType.FP32 else b.dtype(_FP8 if double else MATMUL_DTYPES - {DType.FP32})
+    double = b.pin("double_row", b.hw.fp8_double_row and b.rng.coin())
+    dtype = b.dtype(_FP8 if double else MATMUL_DTYPES, "stationary")
+    narrow = _FP8 if double else MATMUL_DTYPES - {DType.FP32}
+    other = b.pin("moving", dtype if dtype is DType.FP32 else b.dtype(narrow))
     k, m, n = b.size(), b.size(PE_COLUMNS), b.size(MOVING_FMAX)
     rows = (2,) if double else ()
-    return {"dst": b.on_chip(Mem.PSUM, DType.FP32, m, b.split(n)),
+    return {"dst": b.on_chip(Mem.PSUM, b.pin("dst", DType.FP32), m, b.split(n)),
             "stationary": b.on_chip(Mem.SBUF, dtype, k, (*rows, *b.split(m, MAX_FREE_DIMS - len(rows)))),
             "moving": b.on_chip(Mem.SBUF, other, k, (*rows, *b.split(n, MAX_FREE_DIMS - len(rows)))),
             "accumulate": b.rng.coin(), "double_row": double}
@@ -321,18 +347,18 @@ def _matmul_mx(b: _Builder) -> dict:
     k, m, n = MX_BLOCK * b.size(4), b.size(PE_COLUMNS), b.size(MOVING_FMAX)
     groups = b.rng.choice([(), (1,), (2,), (3,), (4,)])
     st_shape, mv_shape = (*groups, m), (*groups, n)
-    return {"dst": b.on_chip(Mem.PSUM, DType.FP32, m, b.split(n)),
-            "stationary": b.on_chip(Mem.SBUF, b.dtype(MX_FORMATS), k, st_shape),
-            "stationary_scale": b.on_chip(Mem.SBUF, DType.E8M0, k // MX_BLOCK, st_shape),
-            "moving": b.on_chip(Mem.SBUF, b.dtype(MX_FORMATS), k, mv_shape),
-            "moving_scale": b.on_chip(Mem.SBUF, DType.E8M0, k // MX_BLOCK, mv_shape),
+    return {"dst": b.on_chip(Mem.PSUM, b.pin("dst", DType.FP32), m, b.split(n)),
+            "stationary": b.on_chip(Mem.SBUF, b.dtype(MX_FORMATS, "stationary"), k, st_shape),
+            "stationary_scale": b.on_chip(Mem.SBUF, b.pin("stationary_scale", DType.E8M0), k // MX_BLOCK, st_shape),
+            "moving": b.on_chip(Mem.SBUF, b.dtype(MX_FORMATS, "moving"), k, mv_shape),
+            "moving_scale": b.on_chip(Mem.SBUF, b.pin("moving_scale", DType.E8M0), k // MX_BLOCK, mv_shape),
             "accumulate": b.rng.coin()}
 
 
 def _transpose(b: _Builder) -> dict:
     p, f = b.size(), b.size(PE_COLUMNS)
-    src = b.dtype()
-    dst = b.dtype({src, DType.FP32} if src.is_float else {src})
+    src = b.dtype(name="src")
+    dst = b.dtype({src, DType.FP32} if src.is_float else {src}, "dst")
     return {"dst": b.on_chip(Mem.PSUM, dst, f, b.split(p)), "src": b.on_chip(Mem.SBUF, src, p, b.split(f))}
 
 
@@ -341,7 +367,7 @@ def _tensor_reduce(b: _Builder) -> dict:
     counts = tuple(b.size(4) for _ in range(b.rng.uniform(1, MAX_FREE_DIMS)))   # <= 1 KiB: fits a PSUM bank
     axes = b.rng.uniform(1, 2 ** len(counts) - 1)
     kept = math.prod(c for j, c in enumerate(counts) if not axes >> j & 1)
-    return {"dst": b.operand(p, kept), "src": b.on_chip(b.mem(), b.dtype(), p, counts),
+    return {"dst": b.operand(p, kept, "dst"), "src": b.on_chip(b.mem(), b.dtype(name="src"), p, counts),
             "op": b.rng.choice(opspec("tensor_reduce").field("op").enum), "axes": axes}
 
 
@@ -355,18 +381,20 @@ def _with_steps(b: _Builder, data: tuple[str, ...], **extra) -> dict:
 
 def _quantize_mx(b: _Builder) -> dict:
     p, f = MX_BLOCK * b.size(4), b.size(_MAX_F)
-    return {"dst": b.on_chip(Mem.SBUF, b.dtype(MX_FORMATS), p, b.split(f)),
-            "scale": b.on_chip(Mem.SBUF, DType.E8M0, p // MX_BLOCK, b.split(f)),
-            "src": b.on_chip(b.mem(), b.dtype({DType.FP32, DType.BF16, DType.FP16}), p, b.split(f))}
+    return {"dst": b.on_chip(Mem.SBUF, b.dtype(MX_FORMATS, "dst"), p, b.split(f)),
+            "scale": b.on_chip(Mem.SBUF, b.pin("scale", DType.E8M0), p // MX_BLOCK, b.split(f)),
+            "src": b.on_chip(b.mem(), b.dtype({DType.FP32, DType.BF16, DType.FP16}, "src"), p, b.split(f))}
 
 
 def _dma_gather(b: _Builder) -> dict:
-    """Only drawn when a tensor exists; every valid-mode tensor has at least one element."""
+    """Only drawn when a tensor exists; every valid-mode tensor has at least one element. A pinned table dtype
+    that no big enough tensor has is not honoured."""
     p, f = b.size(), b.size(min(_MAX_F, max(t.num_elements for t in b.tensors)))
-    table = b.rng.choice([i for i, t in enumerate(b.tensors) if t.num_elements >= f])
+    tables = [i for i, t in enumerate(b.tensors) if t.num_elements >= f]
+    table = b.rng.choice([i for i in tables if b.takes("table", i)] or tables)
     rows = b.size(min(_MAX_P, b.tensors[table].num_elements // f))
-    return {"dst": b.on_chip(Mem.SBUF, b.tensors[table].dtype, p, b.split(f)),
-            "table": b.hbm(table, rows, b.split(f)), "index": b.column(p, DType.INT32)}
+    return {"dst": b.on_chip(Mem.SBUF, b.pin("dst", b.tensors[table].dtype), p, b.split(f)),
+            "table": b.hbm(table, rows, b.split(f)), "index": b.column(p, DType.INT32, "index")}
 
 
 def _tensor_scalar(b: _Builder) -> dict:
@@ -384,7 +412,7 @@ def _tensor_copy(b: _Builder) -> dict:
 
 def _activation(b: _Builder) -> dict:
     fields = _elementwise(b, ("dst", "src"), ("scale_ap", "bias_ap"))
-    accum = b.column(fields["dst"].partitions, DType.FP32) if b.rng.coin() else None
+    accum = b.column(fields["dst"].partitions, DType.FP32, "accum") if b.rng.coin() or "accum" in b.pins else None
     return {**fields, "accum": accum, "scale": b.f32(4), "bias": b.f32(4),
             "func": b.rng.choice(opspec("activation").field("func").enum)}
 
@@ -392,7 +420,7 @@ def _activation(b: _Builder) -> dict:
 def _partitions_to_one(b: _Builder, reduce: bool) -> dict:
     """partition_reduce ([P, F] -> [1, F], with its op) and partition_broadcast ([1, F] -> [P, F])."""
     p, f = b.size(), b.size(_MAX_F)
-    many, one = b.operand(p, f), b.operand(1, f)
+    many, one = b.operand(p, f, "src" if reduce else "dst"), b.operand(1, f, "dst" if reduce else "src")
     if reduce:
         return {"dst": one, "src": many, "op": b.rng.choice(opspec("partition_reduce").field("op").enum)}
     return {"dst": many, "src": one}
@@ -414,11 +442,19 @@ _VALID = {
 _NEEDS = {"matmul_mx": "mx", "quantize_mx": "mx"}   # opcodes that exist only on targets with this HwConfig flag
 
 
-def valid_instruction(rng: Rand, spec: OpSpec, hw: HwConfig, tensors: tuple[TensorDecl, ...]) -> Instruction:
-    """`spec` on one of its engines with operands of legal memory, dtype, shape and bounds (no waits or signals)."""
+def valid_instruction(rng: Rand, spec: OpSpec, hw: HwConfig, tensors: tuple[TensorDecl, ...],
+                      pins: Mapping[str, object] | None = None) -> Instruction:
+    """`spec` on one of its engines with operands of legal memory, dtype, shape and bounds (no waits or signals).
+
+    `pins` fixes fields: an AP field's pin is its dtype, any other field's pin is its value. Pinned operands
+    keep legal memories, shapes and bounds, but the pinned values themselves may be illegal, which is how a
+    test asks the verifier what it accepts. A pinned HBM operand takes a tensor of its dtype, or moves to
+    SBUF; a gather table pinned to a dtype no tensor has keeps a drawn tensor (callers compare)."""
     engine = rng.choice(spec.engines)
     queue = rng.uniform(0, DMA_QUEUES - 1) if engine is Engine.DMA else 0
-    return Instruction.make(spec.name, engine, queue=queue, **_VALID[spec.name](_Builder(rng, hw, tensors, engine)))
+    fields = _VALID[spec.name](_Builder(rng, hw, tensors, engine, pins))
+    fields.update((k, v) for k, v in (pins or {}).items() if spec.field(k).kind is not Kind.AP)
+    return Instruction.make(spec.name, engine, queue=queue, **fields)
 
 
 @st.composite

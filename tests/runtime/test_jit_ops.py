@@ -1,4 +1,4 @@
-"""The JIT against the reference interpreter, bit for bit, on every opcode.
+"""The JIT against the reference interpreter, bit for bit, on every opcode; the comparison the dtype matrix uses too.
 
 Each case is one random valid instruction (tests/strategies.py `valid_instruction`: every legal
 engine, memory and dtype, dims permuted and reversed, so negative strides and HBM partition strides
@@ -7,17 +7,28 @@ values of its dtype (normal values across many binades, zeros, infinities, NaNs 
 patterns). The same state runs through runtime/reference.Machine and through the JIT, and the whole
 of SBUF, PSUM and HBM must agree afterwards: written operands bit for bit with NaN by class, every
 other byte exactly (so a stray write fails too).
+
+Hypothesis draws the cases: a seed per case (which `Rand` expands into the instruction and its data)
+and, for the opcodes in ENUM_FIELDS, the enum value. Runs are derandomized, so CI sees the same cases every
+time. A seed is opaque (a smaller seed is no simpler case), so failures are reported at once, with the
+seed and the instruction's assembly, instead of shrunk. tests/runtime/test_jit_dtypes.py adds the cases
+that make every legal (opcode, operand, dtype) combination run.
 """
 from __future__ import annotations
 
+import copy
+import re
+
 import numpy as np
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from strategies import Rand, valid_instruction
 from trnc import flags
 from trnc.isa import (
-    AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, ReduceOp, ScaleMode, TensorDecl, TensorKind, get_target,
-    opspec,
+    AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, ReduceOp, ScaleMode, TensorDecl, TensorKind,
+    get_target, opspec,
 )
 from trnc.isa.asm import format_instruction
 from trnc.isa.dtypes import VALUE_DTYPES
@@ -35,11 +46,17 @@ SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0], dtype=np.fl
 _BACKGROUND = np.random.default_rng(1234)
 SBUF_BYTES = _BACKGROUND.integers(0, 256, (HW.partitions, HW.sbuf_bytes_per_partition), dtype=np.uint8)
 PSUM_BYTES = _BACKGROUND.integers(0, 256, (HW.partitions, HW.psum_bytes_per_partition), dtype=np.uint8)
+SEEDS = st.integers(0, 2**32 - 1)
+# Settings of every JIT differential test: repeatable, no deadline (a case compiles kernels), no shrinking.
+HYPOTHESIS = {"deadline": None, "derandomize": True, "database": None, "phases": (Phase.explicit, Phase.generate)}
 
 
 @pytest.fixture(autouse=True, scope="module")
 def private_cache(tmp_path_factory):
-    with flags.override(TRNC_CACHE_DIR=tmp_path_factory.mktemp("trnc-cache")):
+    """One kernel cache directory per test session (per xdist worker), shared by the JIT test modules."""
+    cache = tmp_path_factory.getbasetemp() / "trnc-cache"
+    cache.mkdir(exist_ok=True)
+    with flags.override(TRNC_CACHE_DIR=cache):
         yield
 
 
@@ -73,25 +90,39 @@ def fill_operands(m: Machine, ins: Instruction, rng: np.random.Generator, gather
         m.write(ap, values.reshape(ap.partitions, -1))
 
 
-def machine_with_background(program: Program) -> Machine:
-    m = Machine(program)
-    m.sbuf[...] = SBUF_BYTES
-    m.psum[...] = PSUM_BYTES
-    return m
+_BUFFERS: dict[str, np.ndarray] = {}
 
 
-def check_against_reference(ins: Instruction, seed: int) -> None:
+def reset(name: str, source: np.ndarray) -> np.ndarray:
+    """The buffer `name`, kept across cases, now holding a copy of `source`: allocating a fresh 30 MiB SBUF
+    for every case costs about as much as the JIT's work."""
+    buf = _BUFFERS.get(name)
+    if buf is None or buf.shape != source.shape:
+        buf = _BUFFERS[name] = np.empty_like(source)
+    np.copyto(buf, source)
+    return buf
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Byte equality of two equal-shape memories, 8 bytes at a time when rows allow (SBUF is 30 MiB)."""
+    if a.shape[-1] % 8 == 0 and a.flags.c_contiguous and b.flags.c_contiguous:
+        return bool(np.array_equal(a.view(np.uint64), b.view(np.uint64)))
+    return bool(np.array_equal(a, b))
+
+
+def check_against_reference(ins: Instruction, seed: int, tensors: tuple[TensorDecl, ...] = TENSORS) -> None:
     """Run `ins` from the same random state on both; assert every written operand and every other byte agree."""
-    program = Program(TENSORS, (ins,), TARGET)
+    program = Program(tensors, (ins,), TARGET)
     verify(program)
     rng = np.random.default_rng(seed)
-    ref = machine_with_background(program)
+    ref = Machine(program)
+    ref.sbuf, ref.psum = reset("reference sbuf", SBUF_BYTES), reset("reference psum", PSUM_BYTES)
     fill_operands(ref, ins, rng)
-    jit = Machine(program)
-    jit.sbuf, jit.psum = ref.sbuf.copy(), ref.psum.copy()
+    jit = copy.copy(ref)       # reads and writes the JIT's memories, set next
+    jit.sbuf, jit.psum = reset("jit sbuf", ref.sbuf), reset("jit psum", ref.psum)
     jit.hbm = {i: a.copy() for i, a in ref.hbm.items()}
     ref.execute(ins)
-    load(program, verified=True).execute(jit.sbuf, jit.psum, [jit.hbm[i] for i in range(len(TENSORS))])
+    load(program, verified=True).execute(jit.sbuf, jit.psum, [jit.hbm[i] for i in range(len(tensors))])
     for name, ap, write in ins.operands():
         if not write:
             continue
@@ -106,30 +137,24 @@ def check_against_reference(ins: Instruction, seed: int) -> None:
                         f"{format_instruction(ins, program)}")
         jit.write(ap, want)    # NaN payloads may differ; make them equal before the byte comparison
     for what, a, b in [("sbuf", jit.sbuf, ref.sbuf), ("psum", jit.psum, ref.psum)] + \
-            [(f"tensor {i}", jit.hbm[i], ref.hbm[i]) for i in range(len(TENSORS))]:
-        if not np.array_equal(a, b):
+            [(f"tensor {i}", jit.hbm[i], ref.hbm[i]) for i in range(len(tensors))]:
+        if not same_bytes(a, b):
             where = np.argwhere(a != b)[0]
             pytest.fail(f"the JIT changed {what} at {tuple(int(x) for x in where)}, outside the written operands "
                         f"[seed {seed}]\n    {format_instruction(ins, program)}")
 
 
-# Enum fields every value of which the cases visit in turn (any value is legal on the drawn engine).
-CYCLED = {"activation": ("func", ActFunc), "tensor_tensor": ("op", AluOp), "tensor_reduce": ("op", ReduceOp),
-          "partition_reduce": ("op", ReduceOp), "quantize_mx": ("scale_mode", ScaleMode)}
+# Enum fields whose value hypothesis draws (any value is legal on the drawn engine).
+ENUM_FIELDS = {"activation": ("func", ActFunc), "tensor_tensor": ("op", AluOp), "tensor_reduce": ("op", ReduceOp),
+               "partition_reduce": ("op", ReduceOp), "quantize_mx": ("scale_mode", ScaleMode)}
 
 
-def random_instruction(opcode: str, seed: int, k: int = 0) -> Instruction:
-    """A random valid instruction; for CYCLED opcodes, case k takes the k-th value of the cycled field."""
-    ins = valid_instruction(Rand(seed), opspec(opcode), HW, TENSORS)
-    if opcode not in CYCLED:
-        return ins
-    field, enum = CYCLED[opcode]
-    value = list(enum)[k % len(enum)]
-    return Instruction(ins.opcode, ins.engine, tuple((n, value if n == field else v) for n, v in ins.args),
-                       ins.queue, ins.waits, ins.signals)
+def random_instruction(opcode: str, seed: int, pins: dict | None = None) -> Instruction:
+    """A random valid instruction; `pins` fixes fields (tests/strategies.py `valid_instruction`)."""
+    return valid_instruction(Rand(seed), opspec(opcode), HW, TENSORS, pins)
 
 
-CASES = {   # opcode -> random cases (a multiple of the cycled enum's size where there is one)
+CASES = {   # opcode -> hypothesis examples
     "dma_copy": 24, "dma_gather": 12, "matmul": 16, "matmul_mx": 10, "transpose": 16, "activation": 28,
     "tensor_tensor": 34, "tensor_scalar": 20, "tensor_reduce": 15, "tensor_copy": 24, "memset": 12, "iota": 12,
     "select": 12, "affine_select": 12, "partition_reduce": 12, "partition_broadcast": 12, "quantize_mx": 12,
@@ -143,15 +168,20 @@ def test_cases_cover_every_opcode():
 
 @pytest.mark.parametrize("opcode", sorted(CASES))
 def test_random_instructions_match_the_reference(opcode):
-    for k in range(CASES[opcode]):
-        seed = 1000 * opspec(opcode).code + k
-        check_against_reference(random_instruction(opcode, seed, k), seed)
+    field, enum = ENUM_FIELDS.get(opcode, (None, None))
+
+    @settings(max_examples=CASES[opcode], **HYPOTHESIS)
+    @given(seed=SEEDS, value=st.sampled_from(list(enum)) if enum else st.none())
+    def case(seed, value):
+        check_against_reference(random_instruction(opcode, seed, {field: value} if enum else None), seed)
+
+    case()
 
 
 def test_negative_strides_and_hbm_partition_strides_occur():
     """The generator really draws the access patterns the differential tests claim to cover."""
-    aps = [ap for op in ("dma_copy", "tensor_tensor") for k in range(40)
-           for _, ap, _ in random_instruction(op, k).operands()]
+    aps = [ap for op in ("dma_copy", "tensor_tensor") for seed in range(40)
+           for _, ap, _ in random_instruction(op, seed).operands()]
     assert any(s < 0 for ap in aps for s, c in ap.dims if c > 1)
     assert any(ap.partition_stride not in (0,) and ap.tensor >= 0 and ap.partitions > 1 for ap in aps)
 
@@ -186,3 +216,30 @@ def test_in_place_operand_with_repeated_elements_reads_before_writing():
     for opcode, fields in [("tensor_copy", {}), ("tensor_scalar", {"op0": AluOp.ADD, "scalar0": 1.0})]:
         ins = Instruction.make(opcode, Engine.DVE, dst=ap, src=ap, **fields)
         check_against_reference(ins, 7)
+
+
+@pytest.mark.parametrize("fault", ["operand", "stray"])
+def test_a_wrong_jit_fails_with_the_assembly_and_the_first_difference(fault, monkeypatch):
+    """The harness itself: a JIT that writes one wrong element, or one byte outside the written operands, fails
+    the check, which names the instruction in assembly and where the first difference is."""
+    dst = AP(Mem.SBUF, DType.FP32, 4, ((1, 8),), offset=64)
+    src = AP(Mem.SBUF, DType.BF16, 4, ((1, 8),), offset=4096)
+    ins = Instruction.make("tensor_copy", Engine.DVE, dst=dst, src=src)
+    real_load = load
+
+    class WrongJit:
+        def __init__(self, jit):
+            self.jit = jit
+
+        def execute(self, sbuf, psum, hbm):
+            self.jit.execute(sbuf, psum, hbm)
+            if fault == "operand":     # element (2, 5) becomes 1 + 2^-23, which no bf16 value widens to
+                sbuf[2, 64 + 4 * 5:64 + 4 * 6] = np.array([1 + 2**-23], np.float32).view(np.uint8)
+            else:
+                sbuf[3, 100000] ^= 1
+
+    monkeypatch.setitem(globals(), "load", lambda program, **kw: WrongJit(real_load(program, **kw)))
+    asm = re.escape(format_instruction(ins, Program(TENSORS, (ins,), TARGET)))
+    where = r"dst differs at element \(p=2, e=5\) of 1: " if fault == "operand" else r"changed sbuf at \(3, 100000\)"
+    with pytest.raises(pytest.fail.Exception, match=rf"(?s){where}.*\[seed 5\]\n    {asm}$"):
+        check_against_reference(ins, 5)
