@@ -9,7 +9,7 @@ code: verify, the new pass manager's O3 pipeline with loop and SLP vectorization
 
 Bit-exactness: kernels carry no fast-math flags, so LLVM neither reassociates nor contracts a fmul and
 fadd into an FMA (the target machine's default FP fusion only fuses explicit fmuladd intrinsics, which
-trnc never emits); tests/runtime/test_jit_matmul.py checks this on values where an FMA would differ.
+trnc never emits); tests/runtime/test_jit_program.py checks this on values where an FMA would differ.
 """
 from __future__ import annotations
 

@@ -1,19 +1,34 @@
 """Lowerings of TensorE's matmul and matmul_mx: fp32 accumulation in the reference's exact order.
 
-For every output row m the kernel keeps the N accumulators of that row in a stack array, loads them
-from dst (accumulate) or sets +0.0, then for each row group r and each partition k of the contraction
-adds fp32(s[k, r, m] * v[k, r, n]) to accumulator n, the loop over n innermost so that LLVM vectorizes
-it across n; each accumulator still sees its additions in k order, one rounding each, as
-runtime/reference_ops.matmul does. Products of bf16, fp16 and fp8 values are exact in fp32.
+matmul is register-blocked. Every accumulator still sees its additions in the spec's order (row group r
+outermost, then partition k), one fp32 rounding for each product and each sum, as
+runtime/reference_ops.matmul does; only the order in which different accumulators advance changes, which
+cannot change any of them. The kernel first widens the whole stationary operand to fp32 in a stack buffer,
+laid out per block of MR output rows as [r * K + k][row]; then, per block of NR output columns, it widens
+that column panel of moving to fp32 as [r * K + k][column] (zero-padded to whole vectors) and, for each
+block of rows, runs the micro-kernel: MR x NR/8 accumulators held as <8 x float> values across the entire
+k loop (phi nodes, so registers); per k one vector load of the panel per 8 columns, reused by the MR rows,
+and one broadcast of s[k, row] per row, reused by the NR columns. Widening goes through the conversion
+code of every other kernel (runtime/jit/kernels_values.py), so every dtype, stride, double_row and
+remainder of M or N takes the same path. Products of bf16, fp16 and fp8 values are exact in fp32; fp32
+products round once. No fast-math flags: no FMA contraction, no reassociation. Stack use is at most
+144 KiB (stationary 128 x 256 fp32 for fp8 double_row, plus a 256 x 16 panel), well inside a thread's
+default stack.
+
+matmul_mx keeps the row-at-a-time form: per output row, N accumulators in a stack array, the loop over n
+innermost so that LLVM vectorizes it.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from llvmlite import ir
 
 from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    F32, KernelBuilder, KernelSig, Layout, Stream, flat_stream, i64, lowering, stream,
+    F32, I32, I64, KernelBuilder, KernelSig, Layout, Stream, canonical, flat_stream, i64, lowering, stream,
 )
 
 ZERO = ir.Constant(F32, 0.0)
@@ -46,26 +61,217 @@ def _store_row(kb: KernelBuilder, acc, dst: Layout, m) -> None:
         values.store_f32(kb, kb.b.load(kb.b.gep(acc, [j], inbounds=True)), dbase, doff, dst.dtype)
 
 
+# -- matmul: packing and the register-blocked micro-kernel ------------------------------------------------
+
+LANES = 8                        # floats per AVX2 vector
+VEC = ir.VectorType(F32, LANES)
+MR = 4                           # output rows per micro-kernel (each a broadcast per k)
+NR = 16                          # output columns per micro-kernel (NR / LANES vector loads per k)
+UNROLL = 4                       # k steps per iteration of the micro-kernel's loop
+SPLAT = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+ZERO_VEC = ir.Constant(VEC, [0.0] * LANES)
+
+
+@dataclass(frozen=True)
+class _Operand:
+    """A matmul input as [K, R, X]: its layout, row groups R, byte stride between groups, stream over X."""
+
+    lay: Layout
+    groups: int
+    gstride: int
+    rest: Stream
+
+    @classmethod
+    def of(cls, lay: Layout, grouped: bool) -> "_Operand":
+        return cls(lay, *_groups(lay, grouped))
+
+    @property
+    def rows(self) -> int:
+        """Steps of the contraction, r * K + k."""
+        return self.groups * self.lay.partitions
+
+
+def _free_offset(kb: KernelBuilder, e: ir.Value, s: Stream) -> ir.Value:
+    """Byte offset of free element e of stream s: affine (so vectorizable) when s is one dim after merging."""
+    dims = canonical(s.dims)
+    if len(dims) <= 1:
+        return kb.mul(e, dims[0][0]) if dims else i64(0)
+    return kb.stream_offset(e, s)
+
+
+def _rows(kb: KernelBuilder, op: _Operand) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """Loops over r and k (r outermost); yields (r * K + k, byte offset of the row's element 0)."""
+    with kb.loop(op.groups, "r") as r, kb.loop(op.lay.partitions, "k") as k:
+        yield kb.add(kb.mul(r, op.lay.partitions), k), kb.add(kb.mul(k, op.lay.pstride), kb.mul(r, op.gstride))
+
+
+def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int) -> ir.Value:
+    """fp32 copy of stationary: element (kk, m) at index (m // MR) * rows * MR + kk * MR + m % MR."""
+    b = kb.b
+    buf = kb.alloca(F32, -(-m_count // MR) * MR * st.rows, name="spack")
+    base = kb.base("stationary")
+    for kk, row in _rows(kb, st):
+        with kb.elements([st.rest, flat_stream((m_count,))], [row, i64(0)], m_count) as (off, m):
+            block = b.mul(b.udiv(m, i64(MR)), i64(st.rows * MR))
+            index = b.add(b.add(block, kb.mul(kk, MR)), b.urem(m, i64(MR)))
+            b.store(values.load_f32(kb, base, off, st.lay.dtype), b.gep(buf, [index], inbounds=True))
+    return buf
+
+
+def _pack_panel(kb: KernelBuilder, mv: _Operand, panel: ir.Value, n0: ir.Value, cols: int, width: int) -> None:
+    """fp32 copy of moving columns [n0, n0 + cols): element (kk, j) at index kk * width + j, zeros up to width."""
+    b = kb.b
+    base = kb.base("moving")
+    for kk, row in _rows(kb, mv):
+        at = kb.mul(kk, width)
+        with kb.loop(cols, "j") as j:
+            v = values.load_f32(kb, base, kb.add(row, _free_offset(kb, kb.add(n0, j), mv.rest)), mv.lay.dtype)
+            b.store(v, b.gep(panel, [kb.add(at, j)], inbounds=True))
+        for j in range(cols, width):
+            b.store(ZERO, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
+
+
+def _vector_at(kb: KernelBuilder, buf: ir.Value, index: ir.Value) -> ir.Value:
+    return kb.b.bitcast(kb.b.gep(buf, [index], inbounds=True), VEC.as_pointer())
+
+
+class _Tile:
+    """One micro-kernel call: rows [m0, m0 + rows) x columns [n0, n0 + cols) of dst."""
+
+    def __init__(self, kb: KernelBuilder, sig: KernelSig, m0: ir.Value, rows: int, n0: ir.Value, cols: int):
+        self.kb, self.b, self.sig = kb, kb.b, sig
+        self.dst = sig.layout("dst")
+        self.m0, self.rows, self.n0, self.cols = m0, rows, n0, cols
+        self.vectors = -(-cols // LANES)
+        dims = canonical(self.dst.dims)
+        self.contiguous = self.dst.dtype is DType.FP32 and len(dims) <= 1 and all(s == 4 for s, _ in dims)
+
+    def _offset(self, i: int, c: int) -> ir.Value:
+        """Byte offset in dst of tile element (i, c)."""
+        kb = self.kb
+        n = kb.add(self.n0, i64(c))
+        return kb.add(kb.mul(kb.add(self.m0, i64(i)), self.dst.pstride), _free_offset(kb, n, stream(self.dst)))
+
+    def _whole(self, v: int) -> bool:
+        return self.contiguous and (v + 1) * LANES <= self.cols
+
+    def load(self) -> list[list[ir.Value]]:
+        """The initial accumulators: dst (accumulate) or +0.0; lanes past the last column are +0.0."""
+        if not self.sig.static("accumulate"):
+            return [[ZERO_VEC] * self.vectors for _ in range(self.rows)]
+        kb, b, base = self.kb, self.b, self.kb.base("dst")
+        out = []
+        for i in range(self.rows):
+            row = []
+            for v in range(self.vectors):
+                if self._whole(v):
+                    row.append(b.load(kb.at(base, self._offset(i, v * LANES), VEC), align=4))
+                    continue
+                x = ZERO_VEC
+                for lane in range(min(LANES, self.cols - v * LANES)):
+                    e = values.load_f32(kb, base, self._offset(i, v * LANES + lane), self.dst.dtype)
+                    x = b.insert_element(x, e, ir.Constant(I32, lane))
+                row.append(x)
+            out.append(row)
+        return out
+
+    def store(self, accs: list[list[ir.Value]]) -> None:
+        kb, b, base = self.kb, self.b, self.kb.base("dst")
+        for i, row in enumerate(accs):
+            for v, x in enumerate(row):
+                if self._whole(v):
+                    b.store(x, kb.at(base, self._offset(i, v * LANES), VEC), align=4)
+                    continue
+                for lane in range(min(LANES, self.cols - v * LANES)):
+                    e = b.extract_element(x, ir.Constant(I32, lane))
+                    values.store_f32(kb, e, base, self._offset(i, v * LANES + lane), self.dst.dtype)
+
+    def step(self, accs, spack: ir.Value, sblock: ir.Value, panel: ir.Value, width: int, kk: ir.Value):
+        """accs after the contraction step kk: acc[i][v] = fp32(acc + fp32(s[kk, i] * v[kk, v-th vector]))."""
+        kb, b = self.kb, self.b
+        moving = [b.load(_vector_at(kb, panel, kb.add(kb.mul(kk, width), i64(v * LANES))), align=4)
+                  for v in range(self.vectors)]
+        out = []
+        for i, row in enumerate(accs):
+            s = b.load(b.gep(spack, [kb.add(sblock, kb.add(kb.mul(kk, MR), i64(i)))], inbounds=True))
+            s = b.shuffle_vector(b.insert_element(ir.Constant(VEC, None), s, ir.Constant(I32, 0)),
+                                 ir.Constant(VEC, None), SPLAT)
+            out.append([b.fadd(acc, b.fmul(s, x)) for acc, x in zip(row, moving)])
+        return out
+
+    def run(self, spack: ir.Value, sblock: ir.Value, panel: ir.Value, width: int, steps: int) -> None:
+        """Load the accumulators, run every contraction step in order with them in registers, store them."""
+        accs = self.load()
+        loops, rest = divmod(steps, UNROLL)
+        if loops > 1:
+            accs = self._loop(accs, spack, sblock, panel, width, loops)
+        elif loops == 1:
+            for u in range(UNROLL):
+                accs = self.step(accs, spack, sblock, panel, width, i64(u))
+        for u in range(loops * UNROLL, steps):
+            accs = self.step(accs, spack, sblock, panel, width, i64(u))
+        self.store(accs)
+
+    def _loop(self, accs, spack, sblock, panel, width: int, loops: int):
+        """`loops` iterations of UNROLL steps, the accumulators as phi nodes (so they live in registers)."""
+        b = self.b
+        before = b.block
+        body = b.function.append_basic_block("kk.body")
+        b.branch(body)
+        b.position_at_end(body)
+        it = b.phi(I64, name="kk")
+        it.add_incoming(i64(0), before)
+        phis = [[b.phi(VEC) for _ in row] for row in accs]
+        for prow, row in zip(phis, accs):
+            for phi, acc in zip(prow, row):
+                phi.add_incoming(acc, before)
+        out = phis
+        for u in range(UNROLL):
+            out = self.step(out, spack, sblock, panel, width, b.add(b.mul(it, i64(UNROLL)), i64(u)))
+        nxt = b.add(it, i64(1), flags=("nuw", "nsw"))
+        it.add_incoming(nxt, b.block)
+        for prow, row in zip(phis, out):
+            for phi, acc in zip(prow, row):
+                phi.add_incoming(acc, b.block)
+        end = b.function.append_basic_block("kk.end")
+        b.cbranch(b.icmp_unsigned("<", nxt, i64(loops)), body, end)
+        b.position_at_end(end)
+        return out
+
+
+def _row_blocks(kb: KernelBuilder, count: int) -> Iterator[tuple[ir.Value, int]]:
+    """(first row, rows) of each block of MR rows of `count`, the last one possibly shorter."""
+    full, tail = divmod(count, MR)
+    if full:
+        with kb.loop(full, "mb") as mb:
+            yield kb.mul(mb, MR), MR
+    if tail:
+        yield i64(full * MR), tail
+
+
 @lowering("matmul", statics=("accumulate", "double_row"))
 def matmul(kb: KernelBuilder, sig: KernelSig) -> None:
-    st, mv = sig.layout("stationary"), sig.layout("moving")
     grouped = bool(sig.static("double_row"))
-    groups, st_gstride, st_rest = _groups(st, grouped)
-    _, mv_gstride, mv_rest = _groups(mv, grouped)
-    sbase, vbase = kb.base("stationary"), kb.base("moving")
-    b = kb.b
+    st, mv = _Operand.of(sig.layout("stationary"), grouped), _Operand.of(sig.layout("moving"), grouped)
     dst = sig.layout("dst")
-    with kb.loop(dst.partitions, "m") as m:
-        acc, dst = _accumulators(kb, sig, m)
-        s_m = kb.stream_offset(m, st_rest)
-        with kb.loop(groups, "r") as r, kb.loop(st.partitions, "k") as k:
-            s = values.load_f32(kb, sbase, kb.add(kb.add(kb.mul(k, st.pstride), kb.mul(r, st_gstride)), s_m), st.dtype)
-            starts = [kb.add(kb.mul(k, mv.pstride), kb.mul(r, mv_gstride)), i64(0)]
-            with kb.elements([mv_rest, flat_stream((dst.free_size,))], starts, dst.free_size) as (voff, j):
-                v = values.load_f32(kb, vbase, voff, mv.dtype)
-                slot = b.gep(acc, [j], inbounds=True)
-                b.store(b.fadd(b.load(slot), b.fmul(s, v)), slot)
-        _store_row(kb, acc, dst, m)
+    m_count, n_count = dst.partitions, dst.free_size
+    spack = _pack_stationary(kb, st, m_count)
+    panel = kb.alloca(F32, st.rows * NR, name="panel")
+
+    def columns(n0: ir.Value, cols: int) -> None:
+        width = -(-cols // LANES) * LANES
+        _pack_panel(kb, mv, panel, n0, cols, width)
+        for m0, rows in _row_blocks(kb, m_count):
+            sblock = kb.mul(kb.b.udiv(m0, i64(MR)), st.rows * MR) if not isinstance(m0, ir.Constant) \
+                else i64(m0.constant // MR * st.rows * MR)
+            _Tile(kb, sig, m0, rows, n0, cols).run(spack, sblock, panel, width, st.rows)
+
+    full, tail = divmod(n_count, NR)
+    if full:
+        with kb.loop(full, "nb") as nb:
+            columns(kb.mul(nb, NR), NR)
+    if tail:
+        columns(i64(full * NR), tail)
 
 
 @lowering("matmul_mx", statics=("accumulate",))
