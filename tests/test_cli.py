@@ -1,4 +1,5 @@
 """The trnc command on ISA programs, end to end in a subprocess: asm, verify, disasm, run, and its errors."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +37,15 @@ def test_run_gemm_matches_torch(tmp_path):
     np.save(tmp_path / "a.npy", a.astype(np.float32))
     np.save(tmp_path / "b.npy", b.astype(np.float32))
     out = trnc("run", GEMM, "--input", f"a={tmp_path / 'a.npy'}", "--input", f"b={tmp_path / 'b.npy'}",
-               "--save-outputs", tmp_path / "out")
+               "--save-outputs", tmp_path / "out", "--trace", tmp_path / "trace.json")
     assert out.returncode == 0, out.stderr
-    assert "matmul" in out.stdout and "dma_copy" in out.stdout and "busy time per queue" in out.stdout
+    assert "matmul" in out.stdout and "dma_copy" in out.stdout and "efficiency" in out.stdout
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     c = np.load(tmp_path / "out" / "c.npy")
+    ref = trnc("run", GEMM, "--engine", "reference", "--input", f"a={tmp_path / 'a.npy'}",
+               "--input", f"b={tmp_path / 'b.npy'}", "--save-outputs", tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr
+    assert np.array_equal(np.load(tmp_path / "ref" / "c.npy"), c)   # JIT and reference agree bit for bit
     expect = a.astype(np.float64).T @ b.astype(np.float64)
     # bf16 products are exact; fp32 accumulation over K=256 is within 256 * 2^-24 * sum|a*b|.
     bound = 256 * 2.0**-24 * (np.abs(a.astype(np.float64)).T @ np.abs(b.astype(np.float64)))

@@ -91,22 +91,33 @@ def _load_inputs(program: Program, specs: list[str], seed: int) -> dict[str, np.
 
 
 def drive_run(args) -> int:
-    from trnc.runtime import reference
+    import time
+
+    from trnc.runtime import perf, reference, trace
+    from trnc.runtime.jit import executor
     program = load_program(args.file)
     verify.verify(program)
     hw = get_target(program.target)
     inputs = _load_inputs(program, args.input or [], args.seed)
-    outputs = reference.run(program, inputs, hw=hw, fill_nan=args.fill_nan, verified=True)
-    print(f"{'#':>4}  {'queue':<6} {'opcode':<20} {'cycles':>8} {'ns':>10}")
-    busy: dict[str, float] = {}
+    started = time.perf_counter()
+    if args.engine == "jit":
+        outputs = executor.run(program, inputs, hw=hw, fill_nan=args.fill_nan, verified=True)
+    else:
+        outputs = reference.run(program, inputs, hw=hw, fill_nan=args.fill_nan, verified=True)
+    host_seconds = time.perf_counter() - started
+    report = perf.simulate(program, hw, verified=True)
+    timeline = report.timeline
+    ns_per_tick = 1e9 / timeline.ticks_per_second
+    print(f"{'#':>4}  {'queue':<6} {'opcode':<20} {'cycles':>8} {'start ns':>10} {'end ns':>10}")
     for i, instr in enumerate(program.instructions):
-        seconds = cost.seconds(instr, hw)
-        busy[instr.queue_name] = busy.get(instr.queue_name, 0.0) + seconds
-        print(f"{i:>4}  {instr.queue_name:<6} {instr.opcode:<20} {cost.cycles(instr, hw):>8} {seconds * 1e9:>10.1f}")
-    print("\nbusy time per queue (sum of instruction costs, before overlap):")
-    for queue, seconds in busy.items():
-        print(f"  {queue:<6} {seconds * 1e9:>10.1f} ns")
-    print("\noutputs:")
+        print(f"{i:>4}  {instr.queue_name:<6} {instr.opcode:<20} {cost.cycles(instr, hw):>8} "
+              f"{timeline.start[i] * ns_per_tick:>10.1f} {timeline.end[i] * ns_per_tick:>10.1f}")
+    print()
+    print(report.table())
+    if args.trace:
+        trace.write_chrome_trace(args.trace, program, report, hw)
+        print(f"trace: {args.trace} (load it in ui.perfetto.dev or chrome://tracing)")
+    print(f"\noutputs ({args.engine}, host time {host_seconds * 1e3:.2f} ms including compilation):")
     for name, value in outputs.items():
         as_f64 = value.astype(np.float64)
         print(f"  {name}: {value.dtype} {list(value.shape)} min {as_f64.min():.6g} max {as_f64.max():.6g} "
@@ -135,8 +146,8 @@ def add_parsers(sub) -> None:
     p.add_argument("file", help="binary program (or assembly text, re-printed canonically).")
     p.set_defaults(drive=drive_disasm)
 
-    p = sub.add_parser("run", help="run a program through the numpy reference interpreter, with each "
-                                   "instruction's modeled cost.",
+    p = sub.add_parser("run", help="run a program (JIT or reference interpreter) and print its modeled "
+                                   "timeline and counters.",
                        formatter_class=fmt,
                        epilog="example:\n  trnc run examples/gemm.s --input a=a.npy --save-outputs out/")
     p.add_argument("file", help="assembly text or binary program.")
@@ -146,4 +157,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--fill-nan", action="store_true",
                    help="start SBUF and PSUM as NaN bytes so reads of uninitialised memory show.")
     p.add_argument("--save-outputs", metavar="DIR", help="write each output tensor to DIR/NAME.npy.")
+    p.add_argument("--engine", choices=("jit", "reference"), default="jit",
+                   help="what executes the program: the llvmlite JIT or the numpy reference. Defaults to jit.")
+    p.add_argument("--trace", metavar="FILE.json", help="write the timeline as a Chrome/Perfetto trace.")
     p.set_defaults(drive=drive_run)
