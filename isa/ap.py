@@ -8,6 +8,7 @@ in row-major order of that shape, and every instruction's semantics are written 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +73,7 @@ class AP:
 
     @property
     def free_size(self) -> int:
-        return int(np.prod(self.free_shape, dtype=np.int64)) if self.dims else 1
+        return math.prod(c for _, c in self.dims)
 
     @property
     def num_elements(self) -> int:

@@ -136,14 +136,14 @@ class _Replay:
         self.signatures: list[_Signature] = []
         self.by_value: dict[tuple, int] = {}
 
-    def entry(self, ins: Instruction, queue: int) -> tuple[int, int]:
-        """(signature, ticks) of `ins` on queue index `queue`, measuring it if it is new."""
+    def signature(self, ins: Instruction, queue: int) -> int:
+        """The signature of `ins` on queue index `queue`, measuring it if it is new."""
         key = _value_key(ins, queue)
         sig = self.by_value.get(key)
         if sig is None:
             sig = self.by_value[key] = len(self.signatures)
             self.signatures.append(_measure(ins, queue, self.hw, self.tick_of))
-        return sig, self.signatures[sig].ticks
+        return sig
 
     def run(self, instrs) -> tuple[list[int], list[int], list[int], list[list[int]]] | None:
         """Start ticks and signatures of `instrs` in the given order, the queues' free times and the stall
@@ -154,7 +154,10 @@ class _Replay:
         """
         nq = len(QUEUE_NAMES)
         free = [0] * nq
-        seen: list[dict[int, tuple[int, int]]] = [{} for _ in range(nq)]  # per queue: id(field tuple) -> entry
+        # Per queue: id(field tuple) -> signature. Values are small shared ints, not per-entry tuples: a loop
+        # cycling through thousands of field tuples then misses the cache less (measured: 12% of the replay).
+        seen: list[dict[int, int]] = [{} for _ in range(nq)]
+        ticks_of = [s.ticks for s in self.signatures]
         done = [[0] for _ in range(SEMAPHORES)]    # done[s][v]: completion tick of the v-th signal of s
         stalled = [[0] * nq for _ in range(SEMAPHORES)]
         starts: list[int] = []
@@ -163,9 +166,11 @@ class _Replay:
             for ins in instrs:
                 q = ins.engine + ins.queue
                 try:                               # the program keeps every field tuple alive: ids stay unique
-                    sig, ticks = seen[q][id(ins.args)]
+                    sig = seen[q][id(ins.args)]
                 except KeyError:
-                    sig, ticks = seen[q][id(ins.args)] = self.entry(ins, q)
+                    sig = seen[q][id(ins.args)] = self.signature(ins, q)
+                    if sig == len(ticks_of):
+                        ticks_of.append(self.signatures[sig].ticks)
                 start = free_at = free[q]
                 waits = ins.waits
                 if waits:
@@ -175,7 +180,7 @@ class _Replay:
                             start, cause = t, s
                     if start > free_at:
                         stalled[cause][q] += start - free_at
-                end = start + ticks
+                end = start + ticks_of[sig]
                 free[q] = end
                 starts.append(start)
                 sigs.append(sig)
