@@ -26,11 +26,12 @@ from hypothesis import strategies as st
 from strategies import Rand, valid_instruction
 from test_jit_ops import HW, HYPOTHESIS, SEEDS, TARGET, check_against_reference
 from test_jit_ops import TENSORS as VALUE_TENSORS
-from test_jit_ops import private_cache  # noqa: F401  (the fixture: one kernel cache directory)
 from trnc.isa import ActFunc, DType, Instruction, Program, Rounding, ScaleMode, TensorDecl, TensorKind, opspec
 from trnc.isa.dtypes import MATMUL_DTYPES, MX_FORMATS
 from trnc.isa.opcodes import TABLE, Kind
 from trnc.isa.verify import check
+
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 # The differential tests' tensors plus an e8m0 one, so that HBM e8m0 operands are tried too (the instruction
 # builder puts only a pinned operand in an e8m0 tensor).

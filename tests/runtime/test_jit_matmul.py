@@ -16,7 +16,6 @@ import re
 import numpy as np
 import pytest
 
-from trnc import flags
 from trnc.isa import AP, DType, Engine, Instruction, Mem, Program, get_target
 from trnc.isa.verify import verify
 from trnc.runtime.convert import bits_equal_or_both_nan, from_fp32
@@ -26,6 +25,8 @@ from trnc.runtime.jit.executor import load
 from trnc.runtime.jit.kernels import KernelSig, build_kernel, layout_of
 from trnc.runtime.reference import Machine
 
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 TARGET = "trn2"     # has fp8 double_row
 HW = get_target(TARGET)
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
@@ -33,14 +34,6 @@ SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype=np.float32)
 INPUT_DTYPES = (DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2)
 FORMS = ("contiguous", "strided", "reversed", "split")
 MOVING_AT = 8192    # SBUF byte offset of moving (stationary starts at 0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def private_cache(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "trnc-cache"
-    cache.mkdir(exist_ok=True)
-    with flags.override(TRNC_CACHE_DIR=cache):
-        yield
 
 
 def random_values(rng: np.random.Generator, dtype: DType, n: int) -> np.ndarray:

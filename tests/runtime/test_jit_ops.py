@@ -25,7 +25,6 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from strategies import Rand, valid_instruction
-from trnc import flags
 from trnc.isa import (
     AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, ReduceOp, ScaleMode, TensorDecl, TensorKind,
     get_target, opspec,
@@ -36,6 +35,8 @@ from trnc.isa.verify import verify
 from trnc.runtime.convert import bits_equal_or_both_nan, from_fp32
 from trnc.runtime.jit.executor import load
 from trnc.runtime.reference import Machine
+
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 TARGET = "trn3"     # has every opcode (MX) and fp8 double-row matmul
 HW = get_target(TARGET)
@@ -49,15 +50,6 @@ PSUM_BYTES = _BACKGROUND.integers(0, 256, (HW.partitions, HW.psum_bytes_per_part
 SEEDS = st.integers(0, 2**32 - 1)
 # Settings of every JIT differential test: repeatable, no deadline (a case compiles kernels), no shrinking.
 HYPOTHESIS = {"deadline": None, "derandomize": True, "database": None, "phases": (Phase.explicit, Phase.generate)}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def private_cache(tmp_path_factory):
-    """One kernel cache directory per test session (per xdist worker), shared by the JIT test modules."""
-    cache = tmp_path_factory.getbasetemp() / "trnc-cache"
-    cache.mkdir(exist_ok=True)
-    with flags.override(TRNC_CACHE_DIR=cache):
-        yield
 
 
 def random_values(rng: np.random.Generator, dtype: DType, n: int) -> np.ndarray:

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from aps import hbm, onchip
 from strategies import valid_programs
 from test_jit_ops import random_values
-from trnc import flags
 from trnc.errors import ExecutionError, TrncError, VerifyError
 from trnc.isa import AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
 from trnc.isa.asm import format_instruction
@@ -25,13 +24,9 @@ from trnc.runtime.jit.codegen import Codegen
 from trnc.runtime.jit.executor import JitProgram, Kernels, execution_order, load
 from trnc.runtime.jit.kernels import LOWERINGS, build_kernel
 
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 F32, BF16, I32 = DType.FP32, DType.BF16, DType.INT32
-
-
-@pytest.fixture(autouse=True, scope="module")
-def private_cache(tmp_path_factory):
-    with flags.override(TRNC_CACHE_DIR=tmp_path_factory.mktemp("trnc-cache")):
-        yield
 
 
 def inputs_for(program: Program, seed: int) -> dict[str, np.ndarray]:
