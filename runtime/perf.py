@@ -33,18 +33,17 @@ a few microseconds; the replay itself is one loop over plain lists, with the gar
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trnc.errors import VerifyError
 from trnc.isa import cost
 from trnc.isa.ap import AP, Engine, Mem
 from trnc.isa.decoding import no_gc
 from trnc.isa.config import DMA_QUEUES, SEMAPHORES, HwConfig, get_target
 from trnc.isa.program import Instruction, Program, TensorKind
 from trnc.isa.verify import verify
+from trnc.runtime.reference import execution_order
 
 FIRST_DMA_QUEUE = int(Engine.DMA)   # queue index = engine + DMA queue: pe, act, dve, pool, dma0..dma15
 QUEUE_NAMES = (*(e.text for e in Engine if e < FIRST_DMA_QUEUE), *(f"dma{q}" for q in range(DMA_QUEUES)))
@@ -215,29 +214,6 @@ def _stalls(instrs, stalled: list[list[int]]) -> tuple[list[int], list[int]]:
     return dma, sem
 
 
-def _topological(instrs) -> list[int]:
-    """Instruction indices in an order that keeps each queue's order and puts every signal before its waits:
-    each sweep advances every queue as far as the signals given so far allow. A verified program cannot
-    deadlock, so each sweep advances some queue; an unverified one that does raises VerifyError."""
-    queues: dict[str, deque[int]] = {}
-    for i, ins in enumerate(instrs):
-        queues.setdefault(ins.queue_name, deque()).append(i)
-    counts = [0] * SEMAPHORES
-    order: list[int] = []
-    while len(order) < len(instrs):
-        before = len(order)
-        for pending in queues.values():
-            while pending and all(counts[s] >= v for s, v in instrs[pending[0]].waits):
-                i = pending.popleft()
-                order.append(i)
-                for s in instrs[i].signals:
-                    counts[s] += 1
-        if len(order) == before:
-            stuck = ", ".join(f"{name} at instruction {pending[0]}" for name, pending in queues.items() if pending)
-            raise VerifyError(f"deadlock: no queue can proceed ({stuck}); verify the program")
-    return order
-
-
 @dataclass(frozen=True)
 class Timeline:
     """When each instruction ran, in ticks (`ticks_per_second` of them in a second), indexed like the program.
@@ -391,7 +367,7 @@ def simulate(program: Program, hw: HwConfig | None = None, *, verified: bool = F
     with no_gc():                                # millions of small live objects: collecting would free none
         result = replay.run(instrs)
         if result is None:                       # program order lists a wait before its signal
-            order = np.array(_topological(instrs), dtype=np.int64)
+            order = np.array(execution_order(program), dtype=np.int64)
             result = replay.run([instrs[i] for i in order])
     starts, sigs, free, stalled = result
     stall_dma, stall_sem = _stalls(instrs, stalled)

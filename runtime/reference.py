@@ -127,10 +127,6 @@ class Machine:
 
     # -- execution ----------------------------------------------------------------------------
 
-    def ready(self, instr: Instruction) -> bool:
-        """True when every wait (s, v) of `instr` has semaphore s at count >= v."""
-        return all(self.semaphores[s] >= v for s, v in instr.waits)
-
     def execute(self, instr: Instruction, index: int | None = None) -> None:
         """Run one instruction (its waits are the caller's business), then signal its semaphores.
 
@@ -166,7 +162,7 @@ def run(program: Program, inputs: Mapping[str, object], *, hw: HwConfig | None =
                         f"expected exactly {sorted(bound)}")
     for name, value in inputs.items():
         machine.bind(name, value)
-    for index in _execution_order(machine):
+    for index in execution_order(program):
         instr = program.instructions[index]
         if on_instruction is not None:
             on_instruction(index, instr)
@@ -174,34 +170,59 @@ def run(program: Program, inputs: Mapping[str, object], *, hw: HwConfig | None =
     return {t.name: machine.output(t.name) for t in program.tensors_of(TensorKind.OUTPUT)}
 
 
-def _execution_order(machine: Machine):
-    """Yield instruction indices: each time, the head of the first queue in QUEUE_ORDER that may start.
+def execution_order(program: Program) -> list[int]:
+    """Instruction indices in the order `run` executes them: the one execution order of the runtimes.
 
-    The caller executes each yielded instruction (updating the semaphores) before asking for the next.
+    The reference starts, each time, the head of the first queue in QUEUE_ORDER whose waits are met. A
+    head that is not ready is parked on one unmet semaphore and looked at again only when that semaphore
+    is signalled, so the cost is about constant per instruction instead of per queue.
     """
-    queues: dict[str, deque[int]] = {name: deque() for name in QUEUE_ORDER}
-    for index, instr in enumerate(machine.program.instructions):
-        if instr.queue_name not in queues:
-            raise TrncError(f"instruction {index} ({instr.opcode}) is on queue '{instr.queue_name}'; queues are "
+    queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
+    queues: list[deque[int]] = [deque() for _ in QUEUE_ORDER]
+    for index, ins in enumerate(program.instructions):
+        q = queue_of.get(ins.queue_name)
+        if q is None:
+            raise TrncError(f"instruction {index} ({ins.opcode}) is on queue '{ins.queue_name}'; queues are "
                             f"{', '.join(QUEUE_ORDER)}")
-        queues[instr.queue_name].append(index)
-    left = len(machine.program.instructions)
-    while left:
-        heads = [q[0] for q in queues.values() if q]
-        ready = [i for i in heads if machine.ready(machine.program.instructions[i])]
-        if not ready:
+        queues[q].append(index)
+    counts = [0] * program.num_semaphores
+    parked: list[list[int]] = [[] for _ in counts]
+    ready = [False] * len(queues)
+    instructions = program.instructions
+
+    def look(q: int) -> None:
+        if not queues[q]:
+            return
+        for s, v in instructions[queues[q][0]].waits:
+            if counts[s] < v:
+                parked[s].append(q)
+                return
+        ready[q] = True
+
+    for q in range(len(queues)):
+        look(q)
+    order: list[int] = []
+    for _ in range(len(instructions)):
+        q = ready.index(True) if True in ready else -1
+        if q < 0:
             raise ExecutionError("deadlock: no queue can start its next instruction; "
-                                 + "; ".join(_blocked(machine, i) for i in heads))
-        queues[machine.program.instructions[ready[0]].queue_name].popleft()
-        left -= 1
-        yield ready[0]
+                                 + "; ".join(_blocked(program, qu[0], counts) for qu in queues if qu))
+        index = queues[q].popleft()
+        order.append(index)
+        ready[q] = False
+        for s in instructions[index].signals:
+            counts[s] += 1
+            woken, parked[s] = parked[s], []
+            for other in woken:
+                look(other)
+        look(q)
+    return order
 
 
-def _blocked(machine: Machine, index: int) -> str:
-    instr = machine.program.instructions[index]
-    unmet = ", ".join(f"sem {s} >= {v} (count {machine.semaphores[s]})"
-                      for s, v in instr.waits if machine.semaphores[s] < v)
-    return f"instruction {index} ({instr.opcode} on {instr.queue_name}) waits for {unmet}"
+def _blocked(program: Program, index: int, counts: list[int]) -> str:
+    ins = program.instructions[index]
+    unmet = ", ".join(f"sem {s} >= {v} (count {counts[s]})" for s, v in ins.waits if counts[s] < v)
+    return f"instruction {index} ({ins.opcode} on {ins.queue_name}) waits for {unmet}"
 
 
 # torch dtypes whose bits map one to one onto a storage dtype; bf16 and the fp8 types have no numpy

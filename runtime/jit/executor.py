@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -43,7 +42,7 @@ from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.kernels import (
     DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, KernelSig, Layout, build_kernel, driver_ir, layout_of, static_value,
 )
-from trnc.runtime.reference import QUEUE_ORDER, input_array
+from trnc.runtime.reference import execution_order, input_array
 
 SBUF_MEM, PSUM_MEM, HBM_MEM0 = 0, 1, 2   # memory numbers in the mems array; HBM tensor t is HBM_MEM0 + t
 STAGE_ALIGN = 64
@@ -349,59 +348,3 @@ def _injective(ap: AP) -> bool:
         return False
     per_partition = 1 if ap.mem is Mem.HBM else ap.partitions
     return addresses.size * per_partition == ap.num_bytes
-
-
-def execution_order(program: Program) -> list[int]:
-    """Instruction indices in the order runtime/reference.run executes them, computed without executing.
-
-    The reference starts, each time, the head of the first queue in QUEUE_ORDER whose waits are met. A
-    head that is not ready is parked on one unmet semaphore and looked at again only when that semaphore
-    is signalled, so the cost is about constant per instruction instead of per queue.
-    """
-    queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
-    queues: list[deque[int]] = [deque() for _ in QUEUE_ORDER]
-    for index, ins in enumerate(program.instructions):
-        q = queue_of.get(ins.queue_name)
-        if q is None:
-            raise TrncError(f"instruction {index} ({ins.opcode}) is on queue '{ins.queue_name}'; queues are "
-                            f"{', '.join(QUEUE_ORDER)}")
-        queues[q].append(index)
-    counts = [0] * program.num_semaphores
-    parked: list[list[int]] = [[] for _ in counts]
-    ready = [False] * len(queues)
-    instructions = program.instructions
-
-    def look(q: int) -> None:
-        if not queues[q]:
-            return
-        for s, v in instructions[queues[q][0]].waits:
-            if counts[s] < v:
-                parked[s].append(q)
-                return
-        ready[q] = True
-
-    for q in range(len(queues)):
-        look(q)
-    order: list[int] = []
-    for _ in range(len(instructions)):
-        q = ready.index(True) if True in ready else -1
-        if q < 0:
-            raise ExecutionError("deadlock: no queue can start its next instruction; "
-                                 + "; ".join(_blocked(program, qu[0], counts) for qu in queues if qu))
-        index = queues[q].popleft()
-        order.append(index)
-        ready[q] = False
-        for s in instructions[index].signals:
-            counts[s] += 1
-            woken, parked[s] = parked[s], []
-            for other in woken:
-                look(other)
-        look(q)
-    return order
-
-
-def _blocked(program: Program, index: int, counts: list[int]) -> str:
-    ins = program.instructions[index]
-    unmet = ", ".join(f"sem {s} >= {v} (count {counts[s]})" for s, v in ins.waits if counts[s] < v)
-    return f"instruction {index} ({ins.opcode} on {ins.queue_name}) waits for {unmet}"
-
