@@ -178,11 +178,12 @@ class _Accesses:
     """Every operand access of the checked instructions, as columns."""
 
     instr: np.ndarray
-    mem: np.ndarray     # memory id: 0 SBUF, 1 PSUM, 2 + t for HBM tensor t
+    mem: np.ndarray     # memory id: 0 SBUF, 1 PSUM, 2 HBM
     write: np.ndarray
     plo: np.ndarray     # partition range [plo, phi); HBM is one partition
     phi: np.ndarray
-    blo: np.ndarray     # byte range [blo, bhi) within a partition (on chip) or the tensor (HBM)
+    blo: np.ndarray     # byte range [blo, bhi) within a partition (on chip) or of HBM, where tensors lie
+                        # one after the other (tensor t from byte base[t]), so all HBM is one group
     bhi: np.ndarray
     operands: list[tuple[str, AP]]
 
@@ -190,13 +191,17 @@ class _Accesses:
 def _accesses(program: Program, indices: list[int]) -> _Accesses:
     rows, operands = [], []
     boxes: dict[AP, tuple[int, ...]] = {}
+    base = np.concatenate([[0], np.cumsum([t.num_bytes + 1 for t in program.tensors])]).tolist()
     for i in indices:
         for name, ap, write in program.instructions[i].operands():
             box = boxes.get(ap)
             if box is None:
-                mem = 2 + ap.tensor if ap.mem is Mem.HBM else int(ap.mem is Mem.PSUM)
-                plo, phi = (0, 1) if ap.mem is Mem.HBM else ap.partition_range()
-                box = boxes[ap] = (mem, plo, phi, *ap.byte_range())
+                lo, hi = ap.byte_range()
+                if ap.mem is Mem.HBM:
+                    shift = base[ap.tensor] if 0 <= ap.tensor < len(program.tensors) else base[-1]
+                    box = boxes[ap] = (2, 0, 1, lo + shift, hi + shift)
+                else:
+                    box = boxes[ap] = (int(ap.mem is Mem.PSUM), *ap.partition_range(), lo, hi)
             rows.append((i, write, *box))
             operands.append((name, ap))
     cols = np.array(rows, dtype=np.int64).reshape(-1, 7).T
@@ -220,9 +225,10 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
     found: dict[tuple[int, int], Problem] = {}
     exact = _ExactTest(acc)
     for per_queue in groups.values():
+        writes = {q for q, ids in per_queue.items() if acc.write[ids].any()}
         for qa, a_ids in per_queue.items():
             for qb, b_ids in per_queue.items():
-                if qa != qb:
+                if qa != qb and (qa in writes or qb in writes):   # reads alone never race
                     for ga, gb in _candidates(acc, ordering, qa, a_ids, b_ids):
                         pair = (int(acc.instr[ga]), int(acc.instr[gb]))
                         if pair not in found:
@@ -323,6 +329,65 @@ def _may_share(a: AP, b: AP) -> bool:
     return la < hb and lb < ha
 
 
+# -- row footprints: a cheap superset of the bytes of an access --------------------------------------------
+
+def _rows(offset: int, stride: int, count: int, width: int) -> tuple[int, int, int, int]:
+    """(first byte, end byte, row stride, row width); stride 0 when the rows touch or overlap (dense)."""
+    if count > 1 and stride >= width:
+        return offset, offset + (count - 1) * stride + width, stride, width
+    lo = min(offset, offset + (count - 1) * stride)
+    return lo, max(offset, offset + (count - 1) * stride) + width, 0, 0
+
+
+def footprint(ap: AP) -> tuple:
+    """(memory key, first partition, end partition, first byte, end byte, row stride, row width).
+
+    The bytes are rows base + i * stride + [0, width) when the access is a set of disjoint rows (the
+    partitions of a strided HBM access; the outer free dim of an on-chip one), else one dense range.
+    Rows keep column tiles of one matrix apart (stores of different columns of the same rows do not
+    conflict) at the cost of a few integer operations; passes/schedule.py orders instructions by them.
+    """
+    isz = ap.dtype.itemsize
+    if ap.mem is Mem.HBM:
+        lo, hi = ap.free_extent()
+        width = (hi - lo + 1) * isz
+        box = _rows(ap.offset + lo * isz, ap.partition_stride * isz, ap.partitions, width) \
+            if ap.partition_stride > 0 else (*ap.byte_range(), 0, 0)
+        return ((Mem.HBM, ap.tensor), 0, 1, *box)
+    p0, p1 = ap.start_partition, ap.start_partition + ap.partitions
+    (outer_stride, outer_count), inner = ap.dims[0], ap.dims[1:]
+    if inner and outer_stride > 0:
+        lo = sum(min(0, st * (c - 1)) for st, c in inner)
+        hi = sum(max(0, st * (c - 1)) for st, c in inner)
+        return ((ap.mem,), p0, p1, *_rows(ap.offset + lo * isz, outer_stride * isz, outer_count, (hi - lo + 1) * isz))
+    return ((ap.mem,), p0, p1, *ap.byte_range(), 0, 0)
+
+
+def _row_range(s: int, w: int, n: int, lo: int, hi: int) -> bool:
+    """Whether some row i < n of [i*s, i*s + w) meets [lo, hi)."""
+    i_min = max(0, (lo - w) // s + 1)
+    i_max = min(n - 1, -((-hi) // s) - 1)
+    return i_min <= i_max
+
+
+def footprints_overlap(a, b) -> bool:
+    """Whether two footprints share a byte (their boxes already intersect)."""
+    _, _, _, a0, a1, sa, wa = a
+    _, _, _, b0, b1, sb, wb = b
+    if not sa and not sb:
+        return True
+    if not sb:
+        return _row_range(sa, wa, (a1 - a0 - wa) // sa + 1, b0 - a0, b1 - a0)
+    if not sa:
+        return _row_range(sb, wb, (b1 - b0 - wb) // sb + 1, a0 - b0, a1 - b0)
+    if sa != sb:
+        return True
+    d, na, nb = b0 - a0, (a1 - a0 - wa) // sa + 1, (b1 - b0 - wb) // sb + 1
+    k_min = max(-(nb - 1), (d - wa) // sa + 1)
+    k_max = min(na - 1, -((-(d + wb)) // sa) - 1)
+    return k_min <= k_max
+
+
 class _ExactTest:
     """The exact overlap test of two accesses, caching the byte addresses of each AP (loops reuse them)."""
 
@@ -337,6 +402,9 @@ class _ExactTest:
         return self.cache[ap]
 
     def race(self, program: Program, ordering: Ordering, ga: int, gb: int, describe) -> Problem | None:
+        ap_a, ap_b = self.acc.operands[ga][1], self.acc.operands[gb][1]
+        if ap_a.tensor != ap_b.tensor or not footprints_overlap(footprint(ap_a), footprint(ap_b)):
+            return None   # other tensors, or disjoint rows (e.g. two column tiles of one matrix)
         bytes_a, bytes_b = self._bytes(ga), self._bytes(gb)
         if bytes_a is None or bytes_b is None:
             lo, hi = max(self.acc.blo[ga], self.acc.blo[gb]), min(self.acc.bhi[ga], self.acc.bhi[gb])

@@ -32,6 +32,10 @@ def _path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def _default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "trnc"
@@ -50,6 +54,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          "directory of the JIT's disk cache of compiled kernels; default $XDG_CACHE_HOME/trnc or ~/.cache/trnc"),
     Flag("TRNC_CACHE", _bool, lambda: True,
          "1 (default): the JIT keeps compiled kernels on disk and reuses them; 0: memory only"),
+    Flag("TRNC_PRINT_AFTER", _names, tuple,
+         "comma-separated pass names (or all): print the IR, tile program or assembly after each; default none"),
     Flag("TRNC_ASSERT_CACHED", _bool, lambda: False,
          "1: any JIT compile (a kernel missing from the caches) raises an error, to check a warm run; default 0"),
 )}

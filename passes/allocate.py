@@ -1,0 +1,122 @@
+"""allocate: SBUF and PSUM addresses for every Buffer of the tile program, by liveness.
+
+A buffer lives from the first to the last instruction that touches it. Addresses are handed out
+next-fit from a cursor that moves round the memory, so the space a buffer frees is reused as late
+as possible: the next user of an address then rarely waits for the last one (the WAR semaphores
+schedule derives), which is what lets DMA prefetch run ahead of compute. PSUM is handed out in
+whole 2 KiB banks, so each accumulation group owns its bank(s). Values between kernels already
+live in HBM (the tile pass puts them there), so a kernel whose working set exceeds SBUF is a
+tiling error, reported with the buffers that were live.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from trnc.errors import TrncError
+from trnc.isa.ap import Mem
+from trnc.isa.config import PSUM_BANK_BYTES, PSUM_BANKS
+from trnc.passes.tiles import Buffer, Tile, TileProgram
+
+SBUF_ALIGN = 64   # bytes; keeps every dtype's offsets aligned
+
+
+def lifetimes(program: TileProgram) -> dict[Buffer, tuple[int, int]]:
+    """(first, last) instruction index of every buffer that an instruction touches."""
+    life: dict[Buffer, tuple[int, int]] = {}
+    for i, ins in enumerate(program.instrs):
+        for v in ins.fields.values():
+            if isinstance(v, Tile):
+                first, _ = life.get(v.buffer, (i, i))
+                life[v.buffer] = (first, i)
+    return life
+
+
+class _NextFit:
+    """Free intervals of [0, capacity) and a cursor; place() takes the first gap at or after the cursor."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.free = [(0, capacity)]
+        self.cursor = 0
+
+    def place(self, size: int) -> int | None:
+        gaps = sorted(self.free)
+        ordered = [g for g in gaps if g[1] > self.cursor] + [g for g in gaps if g[1] <= self.cursor]
+        for lo, hi in ordered:
+            start = max(lo, self.cursor) if lo < self.cursor < hi else lo
+            if hi - start < size:
+                start = lo
+            if hi - start >= size:
+                self._take(lo, hi, start, size)
+                self.cursor = (start + size) % self.capacity
+                return start
+        return None
+
+    def _take(self, lo, hi, start, size):
+        self.free.remove((lo, hi))
+        if start > lo:
+            self.free.append((lo, start))
+        if start + size < hi:
+            self.free.append((start + size, hi))
+
+    def release(self, start: int, size: int):
+        self.free.append((start, start + size))
+        self.free.sort()
+        merged = [self.free[0]]
+        for lo, hi in self.free[1:]:
+            if lo == merged[-1][1]:
+                merged[-1] = (merged[-1][0], hi)
+            else:
+                merged.append((lo, hi))
+        self.free = merged
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def place(program: TileProgram) -> dict[str, int]:
+    """Set every buffer's offset; return peak bytes per partition of SBUF and PSUM."""
+    life = lifetimes(program)
+    hw = program.hw
+    arenas = {Mem.SBUF: _NextFit(hw.sbuf_bytes_per_partition), Mem.PSUM: _NextFit(PSUM_BANKS * PSUM_BANK_BYTES)}
+    align = {Mem.SBUF: SBUF_ALIGN, Mem.PSUM: PSUM_BANK_BYTES}
+    used = {Mem.SBUF: 0, Mem.PSUM: 0}
+    peak = {Mem.SBUF: 0, Mem.PSUM: 0}
+    ending: list[tuple[int, int, Buffer]] = []   # heap of (last use, tie-break, buffer)
+    for n, buf in enumerate(sorted(life, key=lambda b: life[b][0])):
+        first, last = life[buf]
+        while ending and ending[0][0] < first:
+            _, _, old = heapq.heappop(ending)
+            size = _align(old.nbytes, align[old.mem])
+            arenas[old.mem].release(old.offset, size)
+            used[old.mem] -= size
+        size = _align(buf.nbytes, align[buf.mem])
+        offset = arenas[buf.mem].place(size)
+        if offset is None:
+            live = sorted((b for _, _, b in ending if b.mem is buf.mem), key=lambda b: -b.nbytes)[:6]
+            memory = "SBUF" if buf.mem is Mem.SBUF else "PSUM"
+            raise TrncError(f"{memory} is full: buffer {buf.name} needs {size} bytes per partition with "
+                            f"{used[buf.mem]} of {arenas[buf.mem].capacity} in use by "
+                            f"{', '.join(f'{b.name} ({b.nbytes} B)' for b in live)}; the tiling of kernel "
+                            f"{buf.name.split('.')[0]} is too large for {hw.name}")
+        buf.offset = offset
+        used[buf.mem] += size
+        peak[buf.mem] = max(peak[buf.mem], used[buf.mem])
+        heapq.heappush(ending, (last, n, buf))
+    for buf in program.buffers:
+        if buf.offset is None:
+            buf.offset = 0   # never touched by an instruction
+    return {"sbuf_peak_bytes": peak[Mem.SBUF] * 128, "psum_peak_bytes": peak[Mem.PSUM] * 128,
+            "buffers": len(life)}
+
+
+@dataclass(frozen=True)
+class Allocate:
+    """SBUF/PSUM addresses by liveness, next-fit round the memory so freed space is reused late."""
+
+    name: str = "allocate"
+
+    def run(self, state) -> dict:
+        return place(state.tiles)

@@ -1,0 +1,533 @@
+"""The matmul kernel of the tile stage: a (batched) matmul and its elementwise epilogue as tile instructions.
+
+kernel.nodes[0] is the matmul (a [..., M, K] @ b [..., K, N], batch dims broadcast), the rest an
+elementwise epilogue evaluated on each PSUM tile as it is evacuated (passes/kernels/elementwise.py).
+matmul_plan.py decides the orientation and the blocking; this module emits it:
+
+- blocks: the sub-tiles of a resident panel go by in blocks of BLOCK_TILES against each streamed
+  tile, k outermost: per k-tile, one matmul into each block's PSUM bank. The first matmuls then
+  need one k-tile of each operand, not all of K of one of them, so loads of both operands stream
+  in k order and TensorE starts after the first ones (the kernel's ramp), and one block's banks
+  are evacuated while the next block accumulates in the other banks.
+- loads: an operand region ([K, width]: a streamed tile, or a block of a panel) is a list of k
+  chunks, one SBUF buffer and one to a few DMAs each. The kernel knows when TensorE first needs
+  each k-tile (its PE time at full rate); a chunk's DMAs are sized by how long before that time
+  they are emitted (`dma_bytes`): the first ones small, so the ramp is short, later ones up to
+  DMA_MAX, so the ~600 ns fixed cost of a DMA is a few percent of it. The kernel's first loads
+  (the first streamed tile, the first panel, the first epilogue operands) are emitted in the
+  order TensorE and the evacuations need them; every load gets a fresh buffer, so the DMA of
+  later tiles runs ahead of TensorE (prefetch) until SBUF is full. The next streamed tile and the
+  epilogue operands of the next step are emitted one step ahead, before the current step's stores
+  take DMA queues; the next panel's loads are spread over the current panel's steps.
+- evacuation: the epilogue chain (or a copy) from PSUM into one SBUF tile per block, in the
+  output dtype, with the sub-tile as a free axis; epilogue inputs are loaded the same way, one
+  tile per block (a per-feature bias as a [P, sub-tiles] tile of columns), once per panel when
+  they do not change along the streamed side.
+- stores: one per block, in pieces of STORE_BYTES by whole rows of M: the scheduler orders HBM
+  accesses by their byte rows, so pieces of different rows run on different queues at once. The
+  kernel's last block (the tail nothing overlaps) goes in pieces of TAIL_BYTES.
+
+Numerics: each output element is one fp32 accumulation over k = 0..K-1 in order (products exact
+for bf16, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from trnc import ir
+from trnc.errors import UnsupportedOpError
+from trnc.isa.config import DMA_QUEUES, PARTITIONS
+from trnc.isa.dtypes import MATMUL_DTYPES, DType
+from trnc.passes.kernels import engines
+from trnc.passes.kernels.elementwise import Operand, emit_chain, immediate, load_operand
+from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Chunk, Gemm, Plan, batch_indices, batch_offset,
+                                             choose_orientation, gemm_of, make_plan, matmul_seconds,
+                                             shape_cycles)
+from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+
+DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per queue): TensorE starts after ~2 us
+DMA_MIN = 64 * 1024       # bytes per load DMA after that at least: the ~600 ns fixed cost is under a fifth of it
+DMA_MAX = 512 * 1024      # bytes per load DMA at most: 23 us on one queue, the fixed cost 3% of it
+SLACK_SHARE = 0.5         # a load DMA may take this share of its slack (dma_bytes) on one queue
+SEGMENT_BYTES = 16 * 1024  # bytes per partition of an operand region's SBUF buffers
+LOOKAHEAD = 8e-6          # seconds of TensorE work the streamed fallback loads ahead of its matmuls
+STORE_BYTES = 128 * 1024  # bytes per store DMA
+TAIL_BYTES = 8 * 1024     # bytes per store DMA at least
+CHAIN_SHARE = 0.7         # share of a block's TensorE time a store piece may take when stores chain (store_bytes)
+
+Cols = tuple[int, int]    # (start, count) along M or N
+
+
+def candidates(kernel: ir.Kernel) -> list[str]:
+    """The output dim the PSUM partitions may hold: M ("m") or N ("n"), the likely better first (the layout
+    pass keeps the first of equal estimates): fewer TensorE cycles, then more epilogue inputs that are
+    per-partition operands of the evacuation (a per-feature bias with N on the partitions) rather than
+    full tiles, which cost a second pass on VectorE and 128 times their bytes in DMA."""
+    mm = kernel.nodes[0]
+    (m, n), k = mm.shape[-2:], mm.inputs[0].shape[-1]
+    inside = set(kernel.nodes)
+    ext = {i for node in kernel.nodes[1:] for i in node.inputs if i not in inside and immediate(i) is None}
+
+    def constant_along(i: ir.Node, dim: int) -> bool:
+        return len(i.shape) < -dim or i.shape[dim] == 1
+
+    def rank(orientation: str):
+        other = -2 if orientation == "n" else -1       # the output dim off the partitions
+        return (shape_cycles(mm.shape[:-2], m, n, k, orientation), -sum(constant_along(i, other) for i in ext))
+    return sorted(["m", "n"], key=rank)
+
+
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+    """Emit the kernel: operands read through `views`, the epilogue's result written to `out`."""
+    mm = kernel.nodes[0]
+    dtype = kernel.compute_dtype or mm.inputs[0].dtype
+    if dtype not in MATMUL_DTYPES:
+        raise UnsupportedOpError(f"matmul %{mm.name} with operands in {dtype.text}: TensorE takes "
+                                 f"{', '.join(sorted(d.text for d in MATMUL_DTYPES))}; cast the operands to "
+                                 f"one of them{mm.where()}")
+    gemm = gemm_of(kernel, views, out)
+    orientation = kernel.partition_dim or choose_orientation(gemm)
+    if orientation not in ("m", "n"):
+        raise UnsupportedOpError(f"matmul %{mm.name}: partition_dim {orientation!r} is not 'm' or 'n'{mm.where()}")
+    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw)
+    _Emitter(kb, kernel, gemm, plan, dtype).run()
+
+
+def _subtiles(x0: int, width: int, tile: int) -> list[Cols]:
+    return [(x0 + c, min(tile, width - c)) for c in range(0, width, tile)]
+
+
+def _blocks(count: int) -> list[list[int]]:
+    return [list(range(b, min(b + BLOCK_TILES, count))) for b in range(0, count, BLOCK_TILES)]
+
+
+class _Region:
+    """Columns `cols` of operand `side` over all of K, loaded in k order in chunks of k-tiles.
+
+    K-tile kt is first needed at kernel PE time use0 + kt * per_kt (seconds of TensorE work, at full rate).
+    With `segments`, the k-tiles go in SBUF buffers of up to SEGMENT_BYTES per partition, each holding one
+    or more chunks (a region's k-tiles live together, and buffers of one size fragment SBUF less than
+    buffers of every chunk's size); else each chunk has its own buffer (the streamed fallback, whose chunks
+    die one after the other)."""
+
+    def __init__(self, e: "_Emitter", side: str, index: tuple[int, ...], cols: Cols, use: tuple[float, float],
+                 segments: bool = True):
+        self.e, self.side, self.index, self.cols = e, side, index, cols
+        self.use0, self.per_kt = use
+        self.segment = max(1, SEGMENT_BYTES // (cols[1] * e.dtype.itemsize)) if segments else 0   # k-tiles
+        self.tiles: list[tuple[Tile, int]] = []      # per k-tile: its buffer and its index in it
+        self.kt = 0                                  # the next k-tile to load
+
+    @property
+    def done(self) -> bool:
+        return self.kt >= self.e.k_tiles
+
+    @property
+    def next_use(self) -> float:
+        return self.use0 + self.kt * self.per_kt
+
+    @property
+    def nbytes(self) -> int:
+        return self.e.gemm.k * self.cols[1] * self.e.load_itemsize[self.side]
+
+    def emit_next(self) -> int:
+        """Load the next chunk: as many k-tiles as one DMA of `dma_bytes` holds, or one k-tile in several
+        DMAs when it is larger. Returns the chunk's bytes."""
+        e, (x0, width) = self.e, self.cols
+        full = e.gemm.k // PARTITIONS
+        k_tile_bytes = PARTITIONS * width * e.load_itemsize[self.side]
+        target = e.dma_bytes(self.next_use, k_tile_bytes)
+        batch = tuple((i, 1) for i in self.index)
+        room = self.segment - self.kt % self.segment if self.segment else full
+        if self.kt < full:
+            chunk = Chunk(self.kt, max(1, min(full - self.kt, room, target // k_tile_bytes)), PARTITIONS)
+            src = e.split[self.side].box_ap(e.nb + 1, (*batch, (self.kt, chunk.count), (0, PARTITIONS), (x0, width)))
+        else:
+            chunk = Chunk(self.kt, 1, e.gemm.k - full * PARTITIONS)
+            src = e.kx[self.side].box_ap(e.nb, (*batch, (self.kt * PARTITIONS, chunk.rows), (x0, width)))
+        if not self.segment:
+            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, chunk.rows, (chunk.count, width)), 0
+        elif self.kt % self.segment:
+            tile, first = self.tiles[-1][0], self.kt % self.segment
+        else:
+            count = min(self.segment, e.k_tiles - self.kt)
+            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, min(PARTITIONS, e.gemm.k), (count, width)), 0
+        e.dma(tile.narrow(0, 0, chunk.rows).narrow(1, first, chunk.count), src, target)
+        self.tiles += [(tile, first + j) for j in range(chunk.count)]
+        self.kt += chunk.count
+        return chunk.rows * chunk.count * width * e.load_itemsize[self.side]
+
+    def fill(self, until: float) -> None:
+        """Load the chunks first needed before PE time `until`."""
+        while not self.done and self.next_use < until:
+            self.emit_next()
+
+    def at(self, kt: int, offset: int, width: int) -> Tile:
+        """Columns [offset, offset + width) of the region's k-tile kt, as a [rows, width] tile."""
+        while self.kt <= kt:
+            self.emit_next()
+        tile, j = self.tiles[kt]
+        rows = min(PARTITIONS, self.e.gemm.k - kt * PARTITIONS)
+        return tile.narrow(0, 0, rows).narrow(2, offset, width).select(1, j)
+
+
+@dataclass
+class _Later:
+    """A load for `_emit_by_use` that is not a region: `emit` once, at PE time `next_use`."""
+
+    next_use: float
+    emit: Callable[[], object]
+    done: bool = False
+
+    def emit_next(self) -> int:
+        self.emit()
+        self.done = True
+        return 0
+
+
+def _emit_by_use(loads: list) -> None:
+    """Emit every chunk of `loads` (regions, _Later) in the order TensorE or the evacuations first need them."""
+    while True:
+        pending = [load for load in loads if not load.done]
+        if not pending:
+            return
+        min(pending, key=lambda load: load.next_use).emit_next()
+
+
+class _Panel:
+    """Columns [x0, x0 + width) of the resident side for one batch group: sub-tiles one matmul wide, in blocks
+    of BLOCK_TILES, one region per block. `uses` holds each block's (use0, per_kt) at the job's first step."""
+
+    def __init__(self, e: "_Emitter", job, uses: list[tuple[float, float]]):
+        (index, *_), x0, width = job
+        self.subtiles = _subtiles(x0, width, e.plan.tile(e.plan.resident))
+        self.blocks = _blocks(len(self.subtiles))
+        self.regions = [_Region(e, e.plan.resident, index, (self.subtiles[blk[0]][0],
+                                                            sum(self.subtiles[r][1] for r in blk)), use)
+                        for blk, use in zip(self.blocks, uses)]
+        self.nbytes = sum(region.nbytes for region in self.regions)
+        self.emitted = 0
+
+    def advance(self, upto: float) -> None:
+        """Load chunks, in block order, until `upto` bytes of the panel are loaded."""
+        for region in self.regions:
+            while not region.done and self.emitted < upto:
+                self.emitted += region.emit_next()
+
+    def operand(self, b: int, r: int) -> tuple[_Region, int, int]:
+        """Sub-tile r (of block b) as (region, column offset, width)."""
+        region = self.regions[b]
+        x0, width = self.subtiles[r]
+        return region, x0 - region.cols[0], width
+
+
+class _Emitter:
+    """The instructions of one planned GEMM: loads, matmuls, evacuations (with the epilogue) and stores."""
+
+    def __init__(self, kb: KernelBuilder, kernel: ir.Kernel, gemm: Gemm, plan: Plan, dtype: DType):
+        self.kb, self.gemm, self.plan, self.dtype = kb, gemm, plan, dtype
+        self.mm, self.epilogue = kernel.nodes[0], kernel.nodes[1:]
+        self.nb = nb = len(gemm.batch)
+        self.k_tiles = math.ceil(gemm.k / PARTITIONS)
+        self.kx = {side: gemm.kx(side) for side in ("a", "b")}                          # [*batch, K, X]
+        self.split = {s: _split(v, nb, PARTITIONS) for s, v in self.kx.items()}         # [*batch, KT, 128, X]
+        self.load_itemsize = {s: max(v.dtype.itemsize, dtype.itemsize) for s, v in self.kx.items()}
+        self.names = itertools.count()
+        self.pdim = nb if plan.orientation == "m" else nb + 1    # the output dim on the partitions
+        self.clock = 0.0        # PE seconds of the matmuls emitted so far (TensorE at full rate)
+        self.dma_clock = 0.0    # when the DMA queues would have moved every DMA emitted so far
+        self.dmas = 0           # DMAs emitted so far
+        # the resident side's sub-tiles lie along the free axis of the output tiles (the moving side) or on
+        # their partitions; a block's tile is [P, sub-tile, W] either way, and M is its axis m_axis
+        self.along_v = plan.resident == ("b" if plan.orientation == "m" else "a")
+        self.m_axis = {("m", True): 0, ("m", False): 1, ("n", True): 1, ("n", False): 2}[plan.orientation, self.along_v]
+        # epilogue inputs the same for every streamed tile of a panel: constant along the streamed side's
+        # output dim (M for a, N for b) and the batch dims
+        t_dim = nb if plan.streamed == "a" else nb + 1
+        self.panel_scope = {i for i, v in gemm.epilogue.items() if not any(v.strides[:nb]) and not v.strides[t_dim]}
+        # epilogue inputs to load; a constant of one value is an immediate of the chain instead
+        self.loads = {i: v for i, v in gemm.epilogue.items() if immediate(i) is None}
+        self.operands: dict[tuple, list[Operand]] = {}
+
+    def name(self, what: str) -> str:
+        return f"{what}{next(self.names)}"
+
+    def dma_bytes(self, use: float, nbytes: int) -> int:
+        """Bytes per DMA of a load of `nbytes` first needed at PE time `use`: on one queue, SLACK_SHARE of its
+        slack (the time left once the queues have moved it and every DMA before it), within [DMA_MIN,
+        DMA_MAX]; when TensorE waits for the DMAs anyway (no slack), DMA_MIN, for the throughput. The
+        kernel's first wave of DMAs is smaller, so TensorE starts early."""
+        hw = self.kb.hw
+        slack = use - max(self.dma_clock, self.clock) - nbytes / (DMA_QUEUES * hw.dma_queue_bytes_per_ns * 1e9)
+        low = DMA_FIRST if self.dmas < DMA_QUEUES else DMA_MIN
+        return int(min(DMA_MAX, max(low, SLACK_SHARE * slack * hw.dma_queue_bytes_per_ns * 1e9)))
+
+    def dma(self, dst, src, size: int) -> None:
+        """kb.dma_split in pieces of about `size` bytes, counted on the kernel's DMA clock."""
+        start = len(self.kb.program.instrs)
+        self.kb.dma_split(dst, src, size)
+        hw, pieces = self.kb.hw, len(self.kb.program.instrs) - start
+        seconds = pieces * hw.dma_fixed_ns * 1e-9 + _nbytes(dst, src) / (hw.dma_queue_bytes_per_ns * 1e9)
+        self.dma_clock = max(self.dma_clock, self.clock) + seconds / DMA_QUEUES
+        self.dmas += pieces
+
+    def pe_seconds(self, partitions: int, width: int) -> float:
+        """TensorE time of one matmul into an output tile [partitions, width]."""
+        return matmul_seconds(partitions, width, self.dtype is DType.FP32, self.kb.hw)
+
+    def run(self) -> None:
+        if self.plan.resident:
+            self.run_resident()
+        else:
+            self.run_streamed()
+
+    def run_resident(self) -> None:
+        """Panels of the resident side; per panel, every tile of the streamed side meets every block."""
+        plan, r_side, t_side = self.plan, self.plan.resident, self.plan.streamed
+        r_total, t_total = (self.gemm.n, self.gemm.m) if r_side == "b" else (self.gemm.m, self.gemm.n)
+        t_tile = plan.tile(t_side)
+        groups: dict[int, list[tuple[int, ...]]] = {}
+        for index in batch_indices(self.gemm.batch):
+            groups.setdefault(batch_offset(self.kx[r_side], index), []).append(index)
+        jobs = [(group, x0, width) for g, group in enumerate(groups.values())
+                for x0, width in plan.panels(r_total, g == 0)]
+        self.steps = [(j, index, (t0, min(t_tile, t_total - t0))) for j, (group, _, _) in enumerate(jobs)
+                      for index in group for t0 in range(0, t_total, t_tile)]
+        self.subtiles_of = [_subtiles(x0, width, plan.tile(r_side)) for _, x0, width in jobs]
+        self.uses = self.step_uses()
+        first: dict[int, int] = {}
+        for i, (j, _, _) in enumerate(self.steps):
+            first.setdefault(j, i)
+        left = Counter(j for j, _, _ in self.steps)      # steps left per job, to spread the next panel's loads
+        panels = {0: _Panel(self, jobs[0], self.uses[0])}
+        streamed = {0: self.streamed_region(0)}
+        for i, (j, index, t_cols) in enumerate(self.steps):
+            panel = panels[j]
+            loads = [streamed[0], *self.epilogue_loads(0, 0)] if i == 0 else []
+            if i == first[j]:                        # a new job: its successor starts loading
+                panels.pop(j - 1, None)
+                self.forget(-j)                      # the previous job's shared epilogue operands
+                loads += panel.regions
+                if j + 1 < len(jobs):
+                    panels[j + 1] = _Panel(self, jobs[j + 1], self.uses[first[j + 1]])
+            if i + 1 < len(self.steps):
+                streamed[i + 1] = self.streamed_region(i + 1)
+                loads.append(streamed[i + 1])
+            _emit_by_use(loads)
+            if j + 1 in panels:
+                nxt = panels[j + 1]
+                nxt.advance(nxt.emitted + math.ceil((nxt.nbytes - nxt.emitted) / left[j]))
+            left[j] -= 1
+            for b, blk in enumerate(panel.blocks):
+                # the next block's epilogue operands load while this one computes
+                nxt = (i, b + 1) if b + 1 < len(panel.blocks) else (i + 1, 0)
+                if nxt[0] < len(self.steps):
+                    _emit_by_use(self.epilogue_loads(*nxt))
+                # the kernel's last block goes one sub-tile at a time: the tail after the last matmul is then the
+                # evacuation and store of one sub-tile; stores before it are small, so none holds it up
+                tail = i + 1 == len(self.steps) and b + 2 >= len(panel.blocks)
+                last = tail and b + 1 == len(panel.blocks)
+                for part in [[r] for r in blk] if last and self.plan.orientation == "m" else [blk]:
+                    self.block(i, b, part, panel, streamed[i], tail)
+            streamed.pop(i)
+            self.forget(i)
+
+    def forget(self, scope: int) -> None:
+        """Drop the epilogue operands of step `scope` (or of job -1 - scope when negative)."""
+        for key in [k for k in self.operands if k[1] == scope]:
+            self.operands.pop(key)
+
+    def step_uses(self) -> list[list[tuple[float, float]]]:
+        """Per step, per block: (PE time of the block's first matmul, PE time per k-tile of the block)."""
+        uses, t = [], 0.0
+        for j, _, (_, t_width) in self.steps:
+            subtiles = self.subtiles_of[j]
+            row = []
+            for blk in _blocks(len(subtiles)):
+                per_kt = sum(self.pe_seconds(*self.tile_shape(t_width, subtiles[r][1])) for r in blk)
+                row.append((t, per_kt))
+                t += per_kt * self.k_tiles
+            uses.append(row)
+        return uses
+
+    def tile_shape(self, t_width: int, r_width: int) -> tuple[int, int]:
+        """[partitions, free] of the output tile of a streamed tile and a resident sub-tile of those widths."""
+        return (t_width, r_width) if self.along_v else (r_width, t_width)
+
+    def streamed_region(self, i: int) -> _Region:
+        _, index, t_cols = self.steps[i]
+        return _Region(self, self.plan.streamed, index, t_cols, self.uses[i][0])
+
+    def epilogue_loads(self, i: int, b: int) -> list[_Later]:
+        """The epilogue operand loads of block b of step i, due at its evacuation less their transfer time."""
+        if not self.loads:
+            return []
+        (_, _, (_, t_width)), (t0, per_kt) = self.steps[i], self.uses[i][b]
+        rate = DMA_QUEUES * self.kb.hw.dma_queue_bytes_per_ns * 1e9
+        full = [v.dtype.itemsize for v in self.loads.values() if self.block_view(v).strides[self.nb + 2]]
+        seconds = sum(full) * t_width * self.plan.tile(self.plan.resident) * BLOCK_TILES / rate
+        return [_Later(t0 + per_kt * self.k_tiles - seconds, lambda: self.block_operands(i, b))]
+
+    def block(self, i: int, b: int, part: list[int], panel: _Panel, streamed: _Region, tail: bool) -> None:
+        """Sub-tiles `part` of block b of step i against the streamed tile, k outermost, then evacuated and
+        stored; stores in the tail's small pieces when `tail`."""
+        _, index, t_cols = self.steps[i]
+        subtiles = [panel.subtiles[r] for r in part]
+        tile = self.plan.tile(self.plan.resident)
+        full = sum(1 for _, w in subtiles if w == tile)
+        dsts, stores = [], []
+        if full:
+            box = self.block_box(index, t_cols, subtiles[0][0] // tile, full)
+            out = self.kb.sbuf(self.name("out"), self.gemm.out.dtype, box[self.nb][1], (full, box[self.nb + 2][1]))
+            dsts += [out.select(1, r) for r in range(full)]
+            stores.append((out, self.block_view(self.gemm.out), self.nb, box, self.nb + self.m_axis, self.m_axis))
+        for cols in subtiles[full:]:
+            m_cols, n_cols = self.mn_cols(t_cols, cols)
+            out = self.kb.sbuf(self.name("out"), self.gemm.out.dtype, *self.out_shape(m_cols, n_cols))
+            dsts.append(out)
+            stores.append(self.plain_store(out, index, m_cols, n_cols))
+        t_part = (streamed, 0, t_cols[1])
+        pairs = [(t_part, panel.operand(b, r)) if self.plan.resident == "b" else (panel.operand(b, r), t_part)
+                 for r in part]
+        first = panel.blocks[b][0]
+        self.accumulate(pairs, dsts, lambda: [self.block_operands(i, b)[r - first] if self.loads else {} for r in part])
+        for store in stores:
+            self.store(*store, self.store_bytes(store[0], self.uses[i][b][1] * self.k_tiles, tail))
+
+    def accumulate(self, pairs, dsts: list[Tile], operands: Callable[[], list[dict]]) -> None:
+        """One accumulation group per output tile (its own PSUM bank), all of them k-tile by k-tile; then each
+        evacuated through the epilogue into its `dsts` tile. `pairs` holds each tile's (a, b) operands as
+        (region, column offset, width)."""
+        psums = [self.kb.psum(self.name("acc"), dst.partitions, (dst.free_size,)) for dst in dsts]
+        regions = {id(part[0]): part[0] for pair in pairs for part in pair}.values()
+        for kt in range(self.k_tiles):
+            for region in regions:
+                region.fill(self.clock + LOOKAHEAD)
+            for (a, b), psum in zip(pairs, psums):
+                s, v = (a, b) if self.plan.orientation == "m" else (b, a)
+                self.kb.emit("matmul", dst=psum, stationary=s[0].at(kt, *s[1:]), moving=v[0].at(kt, *v[1:]),
+                             accumulate=kt > 0)
+                self.clock += self.pe_seconds(psum.partitions, psum.free_size)
+        for psum, dst, ops in zip(psums, dsts, operands()):
+            if not self.epilogue:
+                engines.emit(self.kb, "tensor_copy", dst=dst, src=psum)
+            else:
+                emit_chain(self.kb, self.epilogue, {self.mm: Operand(psum, False), **ops}, dst)
+
+    def run_streamed(self) -> None:
+        """The fallback for a K too large for a resident panel: both sides per output tile, their k chunks
+        loaded LOOKAHEAD ahead of the matmuls. M is the inner loop, so consecutive stores write disjoint rows."""
+        plan, gemm = self.plan, self.gemm
+        tiles = [(index, (m0, min(plan.m_tile, gemm.m - m0)), (n0, min(plan.n_tile, gemm.n - n0)))
+                 for index in batch_indices(gemm.batch) for n0 in range(0, gemm.n, plan.n_tile)
+                 for m0 in range(0, gemm.m, plan.m_tile)]
+        for t, (index, m_cols, n_cols) in enumerate(tiles):
+            out = self.kb.sbuf(self.name("out"), gemm.out.dtype, *self.out_shape(m_cols, n_cols))
+            use = (self.clock, self.pe_seconds(out.partitions, out.free_size))
+            a, b = _Region(self, "a", index, m_cols, use, False), _Region(self, "b", index, n_cols, use, False)
+            box = (*((i, 1) for i in index), m_cols, n_cols)
+            self.accumulate([((a, 0, m_cols[1]), (b, 0, n_cols[1]))], [out], lambda: [
+                {node: load_operand(self.kb, view, self.pdim, box, self.name(f"e{node.name}_"))
+                 for node, view in self.loads.items()}])
+            size = self.store_bytes(out, use[1] * self.k_tiles, t + 1 == len(tiles))
+            self.store(*self.plain_store(out, index, m_cols, n_cols), size)
+
+    def mn_cols(self, t_cols: Cols, r_cols: Cols) -> tuple[Cols, Cols]:
+        return (t_cols, r_cols) if self.plan.resident == "b" else (r_cols, t_cols)
+
+    def out_shape(self, m_cols: Cols, n_cols: Cols) -> tuple[int, tuple[int]]:
+        """(partitions, free shape) of the output tile of the box (m_cols, n_cols)."""
+        p, w = (m_cols[1], n_cols[1]) if self.plan.orientation == "m" else (n_cols[1], m_cols[1])
+        return p, (w,)
+
+    def plain_store(self, tile: Tile, index, m_cols: Cols, n_cols: Cols):
+        """store() arguments of one output tile written to the output as it is."""
+        box = (*((i, 1) for i in index), m_cols, n_cols)
+        return tile, self.gemm.out, self.pdim, box, self.nb, 0 if self.plan.orientation == "m" else 1
+
+    def block_view(self, view: HbmView) -> HbmView:
+        """An output-shaped view as [*batch, P, B, W], the axes of a block's tile: its partitions, its
+        sub-tile (one per resident sub-tile, tile columns apart) and its free axis."""
+        nb, tile = self.nb, self.plan.tile(self.plan.resident)
+        sv = view if self.plan.orientation == "m" else view.permute((*range(nb), nb + 1, nb))
+        if self.along_v:
+            return _split(sv, nb + 1, tile)
+        return _split(sv, nb, tile).permute((*range(nb), nb + 1, nb, nb + 2))
+
+    def block_box(self, index, t_cols: Cols, q0: int, count: int) -> tuple[Cols, ...]:
+        """The box of block_view covering `count` full sub-tiles from sub-tile q0 against streamed t_cols."""
+        batch, tile = tuple((i, 1) for i in index), self.plan.tile(self.plan.resident)
+        return (*batch, t_cols, (q0, count), (0, tile)) if self.along_v else (*batch, (0, tile), (q0, count), t_cols)
+
+    def block_operands(self, i: int, b: int) -> list[dict[ir.Node, Operand]]:
+        """The epilogue operands of block b of step i, one dict per sub-tile, loaded on the first call: one
+        tile per input for the block's full sub-tiles (dims that do not change the input are loaded once),
+        its own tile for a narrower last sub-tile. Inputs in panel_scope are shared by the job's steps."""
+        j, index, t_cols = self.steps[i]
+        (t0, per_kt), nb, tile = self.uses[i][b], self.nb, self.plan.tile(self.plan.resident)
+        subtiles = self.subtiles_of[j][b * BLOCK_TILES:(b + 1) * BLOCK_TILES]
+        full = sum(1 for _, w in subtiles if w == tile)
+        result: list[dict[ir.Node, Operand]] = [{} for _ in subtiles]
+        for node, view in self.loads.items():
+            key = (node, i, b) if node not in self.panel_scope else (node, -1 - j, b, t_cols[1])
+            if key not in self.operands:
+                ops = []
+                if full:
+                    bview = self.block_view(view)
+                    box = self.block_box(index, t_cols, subtiles[0][0] // tile, full)
+                    once = [bview.strides[d] == 0 for d in range(nb + 3)]
+                    box = tuple((s, 1) if d > nb and once[d] else (s, c) for d, (s, c) in enumerate(box))
+                    ap = bview.box_ap(nb, box)
+                    loaded = self.kb.sbuf(self.name(f"e{node.name}_"), view.dtype, ap.partitions,
+                                          (box[nb + 1][1], box[nb + 2][1]))
+                    self.dma(loaded, ap, self.dma_bytes(t0 + per_kt * self.k_tiles, _nbytes(loaded, ap)))
+                    ops += [Operand(loaded.select(1, 0 if once[nb + 1] else r), once[nb + 2]) for r in range(full)]
+                for cols in subtiles[full:]:
+                    m_cols, n_cols = self.mn_cols(t_cols, cols)
+                    ops.append(load_operand(self.kb, view, self.pdim, (*((x, 1) for x in index), m_cols, n_cols),
+                                            self.name(f"e{node.name}_")))
+                self.operands[key] = ops
+            for r, op in enumerate(self.operands[key]):
+                result[r][node] = op
+        return result
+
+    def store_bytes(self, tile: Tile, seconds: float, last: bool) -> int:
+        """Bytes per store DMA of `tile`, computed in `seconds` of TensorE. The kernel's last tile goes out in
+        one wave over the queues (the tail). With N on the partitions, a store writes M rows across the
+        columns of the next tile's store, which the scheduler orders after it: pieces of one row group
+        then form a chain, so each piece takes at most CHAIN_SHARE of `seconds` on its queue."""
+        total = tile.partitions * tile.free_size * tile.dtype.itemsize
+        if last:
+            return max(TAIL_BYTES, total // DMA_QUEUES)
+        if self.plan.orientation == "m":
+            return STORE_BYTES
+        hw = self.kb.hw
+        chain = (CHAIN_SHARE * seconds - hw.dma_fixed_ns * 1e-9) * hw.dma_queue_bytes_per_ns * 1e9
+        return int(min(STORE_BYTES, max(TAIL_BYTES, chain)))
+
+    def store(self, tile: Tile, view: HbmView, pdim: int, box, m_dim: int, m_axis: int, size: int) -> None:
+        """DMA `tile` to the box of `view` in pieces of about `size` bytes, each whole rows of M (view dim
+        `m_dim`, tile axis `m_axis`); with M on the partitions, pieces split further by partitions."""
+        start, count = box[m_dim]
+        step = max(1, size // (tile.partitions * tile.free_size * tile.dtype.itemsize // count))
+        split = size if self.plan.orientation == "m" else 1 << 62
+        for i in range(0, count, step):
+            rows = min(step, count - i)
+            part = (*box[:m_dim], (start + i, rows), *box[m_dim + 1:])
+            self.dma(view.box_ap(pdim, part), tile.narrow(m_axis, i, rows), split)
+
+
+def _nbytes(dst, src) -> int:
+    """Bytes a DMA between `dst` and `src` moves as isa/cost.py counts them (the larger dtype)."""
+    return dst.partitions * math.prod(c for _, c in dst.dims) * max(dst.dtype.itemsize, src.dtype.itemsize)
+
+
+def _split(view: HbmView, dim: int, inner: int) -> HbmView:
+    """`view` with dim `dim` (size n) as (n // inner, inner); elements past the last whole group are left out."""
+    shape = (*view.shape[:dim], view.shape[dim] // inner, inner, *view.shape[dim + 1:])
+    strides = (*view.strides[:dim], view.strides[dim] * inner, view.strides[dim], *view.strides[dim + 1:])
+    return HbmView(view.tensor, view.dtype, shape, strides, view.offset)

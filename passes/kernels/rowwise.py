@@ -1,0 +1,238 @@
+"""Row-wise kernels of the tile stage: softmax, log_softmax and layer_norm over the last axis.
+
+Every leading index is a row; rows go on the partitions, 128 per tile, and the last axis C lies
+along the free axis, so each statistic of a row (max, sum, mean, variance) is one free-axis
+reduction and each per-row constant is a per-partition operand ([P, 1]) of the next instruction.
+x stays in its own dtype on chip (engines read every dtype into fp32); everything is computed
+and accumulated in fp32 and written once, in the output's dtype.
+
+Per row tile (P rows, C columns), the passes over the [P, C] data are:
+- softmax:     max (DVE), exp(x - max) with the row sum accumulated (ACT), times 1/sum (any engine);
+- log_softmax: max (DVE), exp(x - max) for its row sum only (ACT), x - max - log(sum) (DVE/POOL);
+- layer_norm:  sum(x0 - x) with x0 the row's first element (ACT, see _layer_norm), (x - mean)^2
+  with its row sum accumulated (ACT), (x - mean) * rstd (any engine), then * weight and + bias
+  (DVE/POOL), the weight and bias rows loaded once per kernel and copied to all partitions.
+
+Row tiles are boxes of the input view: the leading dims are merged wherever the view's strides
+allow, the longest leading dim goes on the partitions, and when it is shorter than 128 several of
+its runs share a tile (one DMA each). Each DMA thus names one box and needs one free dim (C).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator
+
+from trnc import ir
+from trnc.errors import UnsupportedOpError
+from trnc.isa.ap import Engine
+from trnc.isa.config import PARTITIONS
+from trnc.isa.dtypes import DType
+from trnc.isa.enums import ActFunc, AluOp, ReduceOp
+from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+
+FP32 = DType.FP32
+# tensor_scalar with sub/div is not a ScalarE op (isa/verify.py ACT_SCALAR_OPS)
+DVE_POOL = (Engine.DVE, Engine.POOL)
+SBUF_ALIGN = 64    # passes/allocate.py rounds every SBUF buffer up to this many bytes
+DMA_CHUNK = 1 << 15   # bytes per DMA: a tile's transfer spreads over queues and the first rows arrive early
+
+
+def merged_rows(view: HbmView) -> HbmView:
+    """`view` as [*rows, C] with its leading dims merged where the strides allow and size-1 dims dropped.
+
+    A 1-D view becomes [1, C]. The element order is unchanged: row r of the result is row r of the
+    flattened input, so a contiguous output reshaped the same way pairs with it row for row.
+    """
+    lead = [(s, st) for s, st in zip(view.shape[:-1], view.strides[:-1]) if s != 1]
+    merged: list[tuple[int, int]] = []
+    for size, stride in reversed(lead):
+        if merged and stride == merged[-1][1] * merged[-1][0]:
+            inner_size, inner_stride = merged[-1]
+            merged[-1] = (inner_size * size, inner_stride)
+        else:
+            merged.append((size, stride))
+    merged.reverse()
+    merged = merged or [(1, 0)]
+    return HbmView(view.tensor, view.dtype, tuple(s for s, _ in merged) + view.shape[-1:],
+                   tuple(st for _, st in merged) + view.strides[-1:], view.offset)
+
+
+def row_tiles(rows: tuple[int, ...]) -> Iterator[tuple[int, int, list[tuple[int, tuple]]]]:
+    """Row tiles over leading dims `rows`: (pdim, partitions, [(first partition, box over rows)]).
+
+    The longest leading dim `pdim` goes on the partitions. When it has 128 or more rows each tile is
+    a run of 128 along it; else runs of consecutive other indices share a tile.
+    """
+    pdim = max(range(len(rows)), key=lambda d: (rows[d], d))
+    n = rows[pdim]
+    outer = list(itertools.product(*(range(s) if d != pdim else range(1) for d, s in enumerate(rows))))
+    if n >= PARTITIONS:
+        for index in outer:
+            for r0 in range(0, n, PARTITIONS):
+                count = min(PARTITIONS, n - r0)
+                yield pdim, count, [(0, _box(index, pdim, r0, count))]
+        return
+    group = PARTITIONS // n
+    for g0 in range(0, len(outer), group):
+        chunk = outer[g0:g0 + group]
+        yield pdim, n * len(chunk), [(j * n, _box(index, pdim, 0, n)) for j, index in enumerate(chunk)]
+
+
+def _box(index: tuple[int, ...], pdim: int, r0: int, count: int) -> tuple[tuple[int, int], ...]:
+    return tuple((r0, count) if d == pdim else (i, 1) for d, i in enumerate(index))
+
+
+def check_row_fits(kb: KernelBuilder, node: ir.Node, bytes_per_column: int) -> None:
+    """Raise when one row tile (bytes_per_column bytes per element of C, per partition) cannot fit in SBUF."""
+    c = node.shape[-1]
+    capacity = kb.hw.sbuf_bytes_per_partition
+    if c * bytes_per_column + 4 * SBUF_ALIGN > capacity:
+        limit = (capacity - 4 * SBUF_ALIGN) // bytes_per_column
+        raise UnsupportedOpError(
+            f"{node.op} over a last axis of {c} elements{node.where()}: a row tile needs {c * bytes_per_column} "
+            f"bytes per partition and {kb.hw.name}'s SBUF has {capacity}; at most {limit} elements fit. "
+            f"Split the last axis or reduce it in parts.")
+
+
+def broadcast_rows(kb: KernelBuilder, name: str, view: HbmView, partitions: int) -> Tile:
+    """A [partitions, C] tile whose every partition holds the 1-D `view`.
+
+    One row is loaded and GpSimdE copies it to every partition (partition_broadcast): a DMA that
+    read the row once per partition (partition stride 0) would move `partitions` times the bytes,
+    about 0.4 MB for a fp32 row of 768, where the broadcast costs one ~0.8 us instruction.
+    """
+    (c,) = view.shape
+    row = kb.sbuf(f"{name}_row", view.dtype, 1, (c,))
+    kb.dma(row, view.box_ap(None, ((0, c),)))
+    tile = kb.sbuf(name, view.dtype, partitions, (c,))
+    kb.emit("partition_broadcast", dst=tile, src=row)
+    return tile
+
+
+class _Rows:
+    """The input and output views as [*rows, C] and the DMAs of one row tile between them and SBUF."""
+
+    def __init__(self, kb: KernelBuilder, x: HbmView, out: HbmView):
+        self.kb = kb
+        self.x = merged_rows(x)
+        self.out = out.reshape(self.x.shape)
+        self.c = x.shape[-1]
+
+    def tiles(self) -> Iterator[dict]:
+        """Row tiles as dicts that the stages of a lowering fill in: parts, pdim, segments, then tiles."""
+        for pdim, parts, segments in row_tiles(self.x.shape[:-1]):
+            yield {"pdim": pdim, "parts": parts, "segments": segments}
+
+    def load(self, tile: dict) -> None:
+        """The row tile in x's own dtype (a converting DMA would move the wider type's bytes)."""
+        tile["x"] = x = self.kb.sbuf("x", self.x.dtype, tile["parts"], (self.c,))
+        pdim = tile["pdim"]
+        for p0, box in tile["segments"]:
+            count = box[pdim][1]
+            self.kb.dma_split(x.narrow(0, p0, count), self.x.box_ap(pdim, box + ((0, self.c),)), DMA_CHUNK)
+
+    def store(self, tile: dict) -> None:
+        pdim = tile["pdim"]
+        for p0, box in tile["segments"]:
+            count = box[pdim][1]
+            self.kb.dma_split(self.out.box_ap(pdim, box + ((0, self.c),)), tile["y"].narrow(0, p0, count), DMA_CHUNK)
+
+
+def pipelined(items: list, stages) -> None:
+    """Emit `stage(item)` for every (delay, stage) of `stages`, each `delay` items behind the first.
+
+    Engines run their queues in program order, so emitting a tile's work all at once would make
+    every engine wait for the previous engine's step of the same tile; staggered, the loads of
+    later tiles and their first steps run while the last steps of earlier tiles finish.
+    """
+    depth = max(delay for delay, _ in stages)
+    for step in range(len(items) + depth):
+        for delay, stage in stages:
+            if 0 <= step - delay < len(items):
+                stage(items[step - delay])
+
+
+def _softmax(kb: KernelBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
+    check_row_fits(kb, node, rows.x.dtype.itemsize + 4 + node.dtype.itemsize)
+    c = rows.c
+
+    def statistics(tile: dict) -> None:
+        parts, x = tile["parts"], tile["x"]
+        tile["e"], tile["y"] = kb.sbuf("e", FP32, parts, (c,)), kb.sbuf("y", node.dtype, parts, (c,))
+        tile["max"], nmx, tile["sum"] = (kb.sbuf(n, FP32, parts, (1,)) for n in ("max", "nmax", "sum"))
+        kb.emit("tensor_reduce", dst=tile["max"], src=x, op=ReduceOp.MAX, axes=1)
+        kb.emit("tensor_scalar", dst=nmx, src=tile["max"], op0=AluOp.MUL, scalar0=-1.0)
+        kb.emit("activation", dst=tile["e"], src=x, func=ActFunc.EXP, bias_ap=nmx, accum=tile["sum"])
+
+    def finish(tile: dict) -> None:
+        parts, y = tile["parts"], tile["y"]
+        if log:   # y = (x - max) - log(sum); e was needed only for the sum
+            log_sum = kb.sbuf("logsum", FP32, parts, (1,))
+            kb.emit("activation", dst=log_sum, src=tile["sum"], func=ActFunc.LOG)
+            kb.emit("tensor_scalar", DVE_POOL, dst=y, src=tile["x"], op0=AluOp.SUB, scalar0_ap=tile["max"],
+                    op1=AluOp.SUB, scalar1_ap=log_sum)
+        else:
+            inv = kb.sbuf("inv", FP32, parts, (1,))
+            kb.emit("tensor_scalar", DVE_POOL, dst=inv, src=tile["sum"], op0=AluOp.DIV, scalar0=1.0, reverse0=True)
+            kb.emit("tensor_scalar", dst=y, src=tile["e"], op0=AluOp.MUL, scalar0_ap=inv)
+        rows.store(tile)
+
+    pipelined(list(rows.tiles()), ((0, rows.load), (1, statistics), (2, finish)))
+
+
+def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) -> None:
+    node = kernel.output
+    _, *params = node.inputs
+    has_weight, has_bias = bool(node.attrs.get("has_weight")), bool(node.attrs.get("has_bias"))
+    weight = params[0] if has_weight else None
+    bias = params[-1] if has_bias else None
+    eps = node.attrs.get("eps")
+    c, eps = rows.c, 1e-5 if eps is None else float(eps)
+    param_bytes = sum(p.dtype.itemsize for p in (weight, bias) if p is not None)
+    check_row_fits(kb, node, rows.x.dtype.itemsize + 4 + node.dtype.itemsize + param_bytes)
+    tiles = list(rows.tiles())
+    w = broadcast_rows(kb, "weight", views[weight], tiles[0]["parts"]) if weight is not None else None
+    b = broadcast_rows(kb, "bias", views[bias], tiles[0]["parts"]) if bias is not None else None
+
+    def statistics(tile: dict) -> None:
+        parts, x = tile["parts"], tile["x"]
+        tile["y"] = y = kb.sbuf("y", node.dtype, parts, (c,))
+        shifted, tile["nmean"], sq, tile["rstd"] = (kb.sbuf(n, FP32, parts, (1,))
+                                                    for n in ("shifted", "nmean", "sqsum", "rstd"))
+        # mean = x0 - sum(x0 - x) / C with x0 the row's first element: the sum runs over values the size of
+        # the spread, not of the mean, so it keeps its precision when |mean| >> std (y is scratch here)
+        first = x.narrow(1, 0, 1)
+        kb.emit("activation", dst=y, src=x, func=ActFunc.COPY, scale=-1.0, bias_ap=first, accum=shifted)
+        kb.emit("tensor_scalar", DVE_POOL, dst=tile["nmean"], src=shifted, op0=AluOp.DIV, scalar0=float(c),
+                op1=AluOp.SUB, scalar1_ap=first)
+        kb.emit("activation", dst=y, src=x, func=ActFunc.SQUARE, bias_ap=tile["nmean"], accum=sq)
+        kb.emit("activation", dst=tile["rstd"], src=sq, func=ActFunc.RSQRT, scale=1.0 / c, bias=eps)
+
+    def finish(tile: dict) -> None:
+        parts, y = tile["parts"], tile["y"]
+        steps = [(AluOp.MUL, t.narrow(0, 0, parts)) for t in (w,) if t is not None] + \
+                [(AluOp.ADD, t.narrow(0, 0, parts)) for t in (b,) if t is not None]
+        t = kb.sbuf("t", FP32, parts, (c,)) if steps else y
+        kb.emit("tensor_scalar", dst=t, src=tile["x"], op0=AluOp.ADD, scalar0_ap=tile["nmean"], op1=AluOp.MUL,
+                scalar1_ap=tile["rstd"])
+        for i, (op, param) in enumerate(steps):
+            kb.emit("tensor_tensor", dst=y if i == len(steps) - 1 else t, in0=t, in1=param, op=op)
+        rows.store(tile)
+
+    pipelined(tiles, ((0, rows.load), (1, statistics), (2, finish)))
+
+
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+    """Lower a softmax, log_softmax or layer_norm kernel (one node) over the last axis."""
+    node = kernel.output
+    x = node.inputs[0]
+    if math.prod(node.shape) == 0:
+        return
+    rows = _Rows(kb, views[x], out)
+    if node.op == "layer_norm":
+        _layer_norm(kb, kernel, views, rows)
+    elif node.op in ("softmax", "log_softmax"):
+        _softmax(kb, node, rows, log=node.op == "log_softmax")
+    else:
+        raise UnsupportedOpError(f"the row-wise kernel has no lowering for {node.op}{node.where()}")

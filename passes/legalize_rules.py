@@ -1,0 +1,592 @@
+"""The rule table of legalize (passes/legalize.py): one rule per Core ATen op, aten name -> trnc nodes.
+
+A rule is `rule(rw, node, a)`: `rw` the Rewriter (its helpers build trnc nodes and skip no-ops),
+`node` the aten node (its shape and dtype are the result torch computed), `a` the arguments bound
+by schema name. It returns the value: a node, an input node reused (views that change nothing,
+clone, dropout in eval), a list for multi-output ops, or None for ops without a result (asserts).
+The rules follow the attr conventions of docs/ir.md, which the kernels rely on.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from trnc import ir
+from trnc.capture import DTYPES
+from trnc.isa.dtypes import DType
+
+if TYPE_CHECKING:
+    from trnc.passes.legalize import Rewriter
+
+COMPARE_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor"})
+pm_legalize: dict[str, Callable] = {}
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """An output of a multi-output op that trnc does not compute; using it is an error."""
+
+    what: str
+
+
+def rule(*ops: str):
+    def register(fn):
+        for op in ops:
+            pm_legalize[op] = fn
+        return fn
+    return register
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + max(rank, 1) if d < 0 else d
+
+
+def _dims(dims, rank: int) -> tuple[int, ...]:
+    """Normalized reduction axes; None or [] means every axis (torch's convention)."""
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return tuple(range(rank))
+    dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    return tuple(sorted({_dim(d, rank) for d in dims}))
+
+
+# -- elementwise ---------------------------------------------------------------------------------------
+UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log", "sqrt": "sqrt",
+         "rsqrt": "rsqrt", "reciprocal": "reciprocal", "abs": "abs", "neg": "neg", "silu": "silu", "square": "square"}
+for _name, _func in UNARY.items():
+    pm_legalize[f"aten.{_name}.default"] = lambda rw, n, a, func=_func: rw.unary(a["self"], func)
+
+
+@rule("aten.gelu.default")
+def _gelu(rw: Rewriter, n, a):
+    if a["approximate"] not in ("none", "tanh"):
+        rw.fail(f"with approximate={a['approximate']!r} is not supported; use 'none' or 'tanh'")
+    return rw.unary(a["self"], "gelu" if a["approximate"] == "none" else "gelu_tanh")
+
+
+@rule("aten.sin.default", "aten.cos.default", "aten.tan.default", "aten.erf.default")
+def _constant_only(rw: Rewriter, n, a):
+    name = n.op.split(".")[1]
+    rw.fail(f"is not supported: {name} of a non-constant tensor (the machine has no {name}; on constants, "
+            "as for rotary tables, it is computed at compile time)")
+
+
+def _arith(op: str):
+    def lower(rw: Rewriter, n, a):
+        other = a["other"]
+        alpha = a.get("alpha", 1)
+        if alpha is not None and alpha != 1:
+            other = rw.scalar(other, "mul", alpha) if isinstance(other, ir.Node) else other * alpha
+        return rw.arith(op, a["self"], other)
+    return lower
+
+
+for _op in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge"):
+    pm_legalize[f"aten.{_op}.Tensor"] = pm_legalize[f"aten.{_op}.Scalar"] = _arith(_op)
+for _aten, _op in (("maximum", "max"), ("minimum", "min"), ("logical_and", "and"), ("logical_or", "or"),
+                   ("logical_xor", "xor")):
+    pm_legalize[f"aten.{_aten}.default"] = _arith(_op)
+
+
+@rule("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div_mode(rw: Rewriter, n, a):
+    if a["rounding_mode"] is not None:
+        rw.fail(f"with rounding_mode={a['rounding_mode']!r} is not supported; trnc divides exactly")
+    return rw.arith("div", a["self"], a["other"])
+
+
+@rule("aten.rsub.Tensor", "aten.rsub.Scalar")
+def _rsub(rw: Rewriter, n, a):
+    x = a["self"] if a["alpha"] == 1 else rw.scalar(a["self"], "mul", a["alpha"])
+    return rw.arith("sub", a["other"], x)
+
+
+@rule("aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor", "aten.bitwise_and.Scalar",
+      "aten.bitwise_or.Scalar", "aten.bitwise_xor.Scalar")
+def _bitwise(rw: Rewriter, n, a):
+    if any(d is not torch.bool for d in rw.arg_dtypes) or not all(isinstance(v, (ir.Node, bool)) for v in a.values()):
+        rw.fail("is supported on bool tensors only")
+    return rw.arith(n.op.split(".")[1].split("_")[1], a["self"], a["other"])
+
+
+@rule("aten.logical_not.default", "aten.bitwise_not.default")
+def _not(rw: Rewriter, n, a):
+    if n.op == "aten.bitwise_not.default" and rw.arg_dtypes[0] is not torch.bool:
+        rw.fail("is supported on bool tensors only")
+    return rw.scalar(a["self"], "eq", 0)
+
+
+POW_FUNCS = {2: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
+
+
+@rule("aten.pow.Tensor_Scalar")
+def _pow_scalar(rw: Rewriter, n, a):
+    x, e = a["self"], a["exponent"]
+    if e == 1:
+        return rw.cast(x, n.dtype)
+    if e == 0:
+        return rw.expand(rw.scalar_const(1, n.dtype), n.shape)
+    if e in POW_FUNCS:
+        return rw.unary(x, POW_FUNCS[e])
+    return rw.scalar(x, "pow", e)
+
+
+@rule("aten.pow.Tensor_Tensor")
+def _pow_tensor(rw: Rewriter, n, a):
+    return rw.binary("pow", a["self"], a["exponent"])
+
+
+@rule("aten.pow.Scalar")
+def _pow_base(rw: Rewriter, n, a):
+    return rw.scalar(a["exponent"], "pow", a["self"], reverse=True)
+
+
+def _clamp(rw: Rewriter, x, low, high):
+    for op, bound in (("max", low), ("min", high)):
+        if bound is not None:
+            x = rw.arith(op, x, bound)
+    return x
+
+
+@rule("aten.clamp.default", "aten.clamp.Tensor")
+def _clamp_rule(rw: Rewriter, n, a):
+    return _clamp(rw, a["self"], a["min"], a["max"])
+
+
+@rule("aten.clamp_min.default", "aten.clamp_min.Tensor")
+def _clamp_min(rw: Rewriter, n, a):
+    return _clamp(rw, a["self"], a["min"], None)
+
+
+@rule("aten.clamp_max.default", "aten.clamp_max.Tensor")
+def _clamp_max(rw: Rewriter, n, a):
+    return _clamp(rw, a["self"], None, a["max"])
+
+
+@rule("aten.hardtanh.default")
+def _hardtanh(rw: Rewriter, n, a):
+    return _clamp(rw, a["self"], a["min_val"], a["max_val"])
+
+
+def _tensor(rw: Rewriter, v, dtype: DType) -> ir.Node:
+    return v if isinstance(v, ir.Node) else rw.scalar_const(v, dtype)
+
+
+@rule("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+def _where(rw: Rewriter, n, a):
+    return rw.where(a["condition"], _tensor(rw, a["self"], n.dtype), _tensor(rw, a["other"], n.dtype))
+
+
+@rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(rw: Rewriter, n, a):
+    return rw.where(a["mask"], _tensor(rw, a["value"], n.dtype), a["self"])
+
+
+# -- dtypes and identities ---------------------------------------------------------------------------------
+@rule("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
+      "aten.type_as.default")
+def _convert(rw: Rewriter, n, a):
+    x, source = a["self"], rw.arg_dtypes[0]
+    target = a.get("dtype")
+    if "other" in a:
+        target = rw.arg_dtypes[1]
+    if target is None or target == source:
+        return x
+    if target is torch.bool:
+        return rw.scalar(x, "ne", 0)
+    if source.is_floating_point and not target.is_floating_point:
+        rw.fail(f"from {source} to {target} is not supported on a non-constant tensor: torch truncates toward "
+                "zero, the machine rounds to nearest")
+    return rw.cast(x, DTYPES[target])
+
+
+@rule("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default",
+      "aten.contiguous.default")
+def _identity(rw: Rewriter, n, a):
+    return a["self"]
+
+
+@rule("aten.dropout.default", "aten.native_dropout.default")
+def _dropout(rw: Rewriter, n, a):
+    if a["train"] and a["p"] > 0:
+        rw.fail("in training mode is not supported; call model.eval()")
+    return a["input"] if n.op == "aten.dropout.default" else [a["input"], Unusable("dropout mask")]
+
+
+@rule("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",
+      "aten.sym_constrain_range_for_size.default")
+def _no_result(rw: Rewriter, n, a):
+    return None
+
+
+# -- creation ------------------------------------------------------------------------------------------
+def _filled(value):
+    def lower(rw: Rewriter, n, a):
+        v = a[value] if isinstance(value, str) else value
+        return rw.expand(rw.scalar_const(v, n.dtype), n.shape)
+    return lower
+
+
+for _op, _value in (("full.default", "fill_value"), ("full_like.default", "fill_value"),
+                    ("new_full.default", "fill_value"), ("fill.Scalar", "value"), ("scalar_tensor.default", "s"),
+                    ("zeros.default", 0), ("zeros_like.default", 0), ("new_zeros.default", 0),
+                    ("ones.default", 1), ("ones_like.default", 1), ("new_ones.default", 1),
+                    ("empty.memory_format", 0), ("empty_like.default", 0), ("new_empty.default", 0),
+                    ("empty_strided.default", 0)):
+    pm_legalize[f"aten.{_op}"] = _filled(_value)
+
+
+# -- reductions -------------------------------------------------------------------------------------------
+def _acc(dtype: DType) -> DType:
+    """The dtype of intermediates inside one decomposed op: fp32 for floats, so the result rounds once."""
+    return DType.FP32 if dtype.is_float else dtype
+
+
+def _mean(rw: Rewriter, x, axes, keepdim, dtype):
+    count = math.prod(x.shape[d] for d in axes)
+    return rw.scalar(rw.reduce(x, "sum", axes, keepdim, _acc(dtype)), "mul", 1.0 / count, dtype=dtype)
+
+
+def _var(rw: Rewriter, x, axes, correction, keepdim, dtype):
+    count = math.prod(x.shape[d] for d in axes)
+    acc = _acc(dtype)
+    centered = rw.binary("sub", x, _mean(rw, x, axes, True, acc), acc)
+    total = rw.reduce(rw.unary(centered, "square", acc), "sum", axes, keepdim, acc)
+    return rw.scalar(total, "mul", 1.0 / max(count - correction, 0), dtype=dtype)
+
+
+def _correction(a) -> float:
+    if a.get("correction") is not None:
+        return a["correction"]
+    return 1 if a.get("unbiased", True) else 0
+
+
+@rule("aten.sum.dim_IntList", "aten.sum.default")
+def _sum(rw: Rewriter, n, a):
+    x = a["self"]
+    return rw.reduce(x, "sum", _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False))
+
+
+@rule("aten.mean.dim", "aten.mean.default")
+def _mean_rule(rw: Rewriter, n, a):
+    x = a["self"]
+    return _mean(rw, x, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype)
+
+
+@rule("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
+def _extreme(rw: Rewriter, n, a):
+    x = a["self"]
+    op = "max" if n.op.split(".")[1] in ("amax", "max") else "min"
+    return rw.reduce(x, op, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False))
+
+
+@rule("aten.max.dim", "aten.min.dim")
+def _extreme_dim(rw: Rewriter, n, a):
+    x = a["self"]
+    (shape, dtype) = n.attrs["outputs"][0]
+    values = rw.reduce(x, n.op.split(".")[1], _dims(a["dim"], len(x.shape)), a["keepdim"], dtype)
+    return [values, Unusable("indices")]
+
+
+@rule("aten.var.correction", "aten.var.dim", "aten.var.default", "aten.std.correction", "aten.std.dim",
+      "aten.std.default")
+def _var_rule(rw: Rewriter, n, a):
+    x = a["self"]
+    var = _var(rw, x, _dims(a.get("dim"), len(x.shape)), _correction(a), a.get("keepdim", False), _acc(n.dtype))
+    return rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype)
+
+
+@rule("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
+def _var_mean(rw: Rewriter, n, a):
+    x = a["self"]
+    axes, keepdim = _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False)
+    return [_var(rw, x, axes, _correction(a), keepdim, n.dtype), _mean(rw, x, axes, keepdim, n.dtype)]
+
+
+@rule("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")
+def _any_all(rw: Rewriter, n, a):
+    x = a["self"]
+    if rw.arg_dtypes[0] is not torch.bool:
+        x = rw.scalar(x, "ne", 0)
+    op = "max" if n.op.startswith("aten.any") else "min"
+    return rw.reduce(x, op, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False), DType.UINT8)
+
+
+# -- row-wise ----------------------------------------------------------------------------------------------
+def _last_axis(rw: Rewriter, x, dim: int, build):
+    """build(x) over the last axis; another dim is swapped to the end and back (a swap is its own inverse)."""
+    rank = len(x.shape)
+    if rank == 0:
+        return rw.reshape(build(rw.reshape(x, (1,))), ())
+    dim = _dim(dim, rank)
+    if dim == rank - 1:
+        return build(x)
+    swap = list(range(rank))
+    swap[dim], swap[-1] = rank - 1, dim
+    return rw.permute(build(rw.permute(x, swap)), swap)
+
+
+@rule("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int")
+def _softmax(rw: Rewriter, n, a):
+    op = "log_softmax" if "log_softmax" in n.op else "softmax"
+    return _last_axis(rw, a["self"], a["dim"], lambda x: rw.emit(op, (x,), x.shape, n.dtype))
+
+
+def _layer_norm(rw: Rewriter, n, a, dtype: DType):
+    x, k = a["input"], len(a["normalized_shape"])
+    weight, bias = a["weight"], a["bias"]
+    if k > 1:   # merge the normalized trailing dims into one last axis
+        size = math.prod(x.shape[-k:])
+        x = rw.reshape(x, x.shape[:-k] + (size,))
+        weight = weight and rw.reshape(weight, (size,))
+        bias = bias and rw.reshape(bias, (size,))
+    params = tuple(p for p in (weight, bias) if p is not None)
+    out = rw.emit("layer_norm", (x, *params), x.shape, dtype, eps=float(a["eps"]), has_weight=weight is not None,
+                  has_bias=bias is not None)
+    return rw.reshape(out, a["input"].shape)
+
+
+@rule("aten.layer_norm.default")
+def _layer_norm_rule(rw: Rewriter, n, a):
+    return _layer_norm(rw, n, a, n.dtype)
+
+
+@rule("aten.native_layer_norm.default")
+def _native_layer_norm(rw: Rewriter, n, a):
+    return [_layer_norm(rw, n, a, n.attrs["outputs"][0][1]), Unusable("mean"), Unusable("rstd")]
+
+
+# -- matmul and attention -------------------------------------------------------------------------------------
+def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
+    """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast."""
+    a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
+    b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
+    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    out = rw.emit("matmul", (a2, b2), batch + (a2.shape[-2], b2.shape[-1]), dtype)
+    shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
+    return rw.reshape(out, shape)
+
+
+def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:
+    """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear)."""
+    if alpha != 1:
+        product = rw.scalar(product, "mul", alpha)
+    if bias is None or beta == 0:
+        return product
+    if beta != 1:
+        bias = rw.scalar(bias, "mul", beta)
+    return rw.binary("add", product, bias)
+
+
+@rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
+def _mm(rw: Rewriter, n, a):
+    return _matmul(rw, a["self"], a.get("mat2", a.get("other", a.get("vec"))), n.dtype)
+
+
+@rule("aten.addmm.default", "aten.baddbmm.default")
+def _addmm(rw: Rewriter, n, a):
+    x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
+    return _scaled_add(rw, _matmul(rw, x, y, n.dtype), a["self"], a["beta"], a["alpha"])
+
+
+@rule("aten.linear.default")
+def _linear(rw: Rewriter, n, a):
+    weight = a["weight"]
+    weight_t = rw.permute(weight, (1, 0)) if len(weight.shape) == 2 else weight
+    return _scaled_add(rw, _matmul(rw, a["input"], weight_t, n.dtype), a["bias"], 1, 1)
+
+
+def _repeat_heads(rw: Rewriter, x: ir.Node, heads: int) -> ir.Node:
+    """[..., Hk, S, D] -> [..., heads, S, D], kv head h serving query heads h*r .. h*r+r-1 (torch's enable_gqa)."""
+    *batch, hk, s, d = x.shape
+    if heads % hk:
+        rw.fail(f"with {heads} query heads and {hk} key/value heads is not supported: the counts must divide")
+    r = heads // hk
+    x = rw.expand(rw.reshape(x, (*batch, hk, 1, s, d)), (*batch, hk, r, s, d))
+    return rw.reshape(x, (*batch, heads, s, d))
+
+
+def _attention(rw: Rewriter, n, a, shape, dtype):
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    if a["dropout_p"]:
+        rw.fail(f"with dropout_p={a['dropout_p']} is not supported; call model.eval() (dropout_p must be 0)")
+    if len(q.shape) >= 3 and k.shape[-3] != q.shape[-3]:
+        k, v = _repeat_heads(rw, k, q.shape[-3]), _repeat_heads(rw, v, q.shape[-3])
+    if mask is not None and mask.dtype is DType.UINT8:   # bool: True attends
+        zero, minus_inf = rw.scalar_const(0.0, DType.FP32), rw.scalar_const(-math.inf, DType.FP32)
+        mask = rw.where(mask, zero, minus_inf, DType.FP32)
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    inputs = (q, k, v) + ((mask,) if mask is not None else ())
+    return rw.emit("attention", inputs, shape, dtype, scale=float(scale), causal=bool(a["is_causal"]),
+                   has_mask=mask is not None)
+
+
+@rule("aten.scaled_dot_product_attention.default")
+def _sdpa(rw: Rewriter, n, a):
+    return _attention(rw, n, a, n.shape, n.dtype)
+
+
+@rule("aten._scaled_dot_product_flash_attention_for_cpu.default")
+def _sdpa_flash(rw: Rewriter, n, a):
+    shape, dtype = n.attrs["outputs"][0]
+    return [_attention(rw, n, a, shape, dtype), Unusable("logsumexp")]
+
+
+# -- movement -------------------------------------------------------------------------------------------------
+@rule("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.squeeze.default",
+      "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default", "aten.flatten.using_ints",
+      "aten.unflatten.int", "aten.view_as.default")
+def _reshape(rw: Rewriter, n, a):
+    return rw.reshape(a["self"], n.shape)
+
+
+@rule("aten.permute.default")
+def _permute(rw: Rewriter, n, a):
+    x = a["self"]
+    return rw.permute(x, [_dim(d, len(x.shape)) for d in a["dims"]])
+
+
+@rule("aten.transpose.int", "aten.t.default")
+def _transpose(rw: Rewriter, n, a):
+    x = a["self"]
+    rank = len(x.shape)
+    if rank < 2:
+        return x
+    d0, d1 = (_dim(a["dim0"], rank), _dim(a["dim1"], rank)) if "dim0" in a else (0, 1)
+    dims = list(range(rank))
+    dims[d0], dims[d1] = d1, d0
+    return rw.permute(x, dims)
+
+
+@rule("aten.expand.default", "aten.expand_as.default")
+def _expand(rw: Rewriter, n, a):
+    return rw.expand(a["self"], n.shape)
+
+
+@rule("aten.repeat.default")
+def _repeat(rw: Rewriter, n, a):
+    repeats = list(a["repeats"])
+    x = a["self"]
+    shape = (1,) * (len(repeats) - len(x.shape)) + x.shape
+    interleaved = rw.reshape(x, [d for s in shape for d in (1, s)])
+    tiled = rw.expand(interleaved, [d for r, s in zip(repeats, shape) for d in (r, s)])
+    return rw.reshape(tiled, n.shape)
+
+
+def _bound(v, size: int, default: int) -> int:
+    """A slice bound as Python clamps it: None is the default, negatives count from the end."""
+    if v is None:
+        return default
+    v = v + size if v < 0 else v
+    return min(max(v, 0), size)
+
+
+@rule("aten.slice.Tensor")
+def _slice(rw: Rewriter, n, a):
+    x = a["self"]
+    dim = _dim(a["dim"], len(x.shape))
+    size = x.shape[dim]
+    start = _bound(a["start"], size, 0)
+    stop = max(start, _bound(a["end"], size, size))
+    return rw.slice(x, dim, start, stop, a["step"] or 1)
+
+
+@rule("aten.select.int")
+def _select(rw: Rewriter, n, a):
+    x = a["self"]
+    dim = _dim(a["dim"], len(x.shape))
+    index = a["index"] + x.shape[dim] if a["index"] < 0 else a["index"]
+    return rw.reshape(rw.slice(x, dim, index, index + 1), n.shape)
+
+
+@rule("aten.narrow.default")
+def _narrow(rw: Rewriter, n, a):
+    x = a["input"] if "input" in a else a["self"]
+    dim = _dim(a["dim"], len(x.shape))
+    start = a["start"] + x.shape[dim] if a["start"] < 0 else a["start"]
+    return rw.slice(x, dim, start, start + a["length"])
+
+
+@rule("aten.cat.default")
+def _cat(rw: Rewriter, n, a):
+    xs = [x for x in a["tensors"] if x.shape != (0,)]   # torch skips legacy empty 1-D tensors
+    return rw.cat(xs, _dim(a["dim"], len(n.shape)), n.dtype)
+
+
+@rule("aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int")
+def _split(rw: Rewriter, n, a):
+    x = a["self"]
+    dim = _dim(a["dim"], len(x.shape))
+    start, pieces = 0, []
+    for shape, _ in n.attrs["outputs"]:
+        size = 1 if n.op == "aten.unbind.int" else shape[dim]
+        pieces.append(rw.reshape(rw.slice(x, dim, start, start + size), shape))
+        start += size
+    return pieces
+
+
+# -- gathers --------------------------------------------------------------------------------------------------
+def _index_tensor(rw: Rewriter, index: ir.Node, size: int) -> ir.Node:
+    """An int32 index; negative constant indices count from the end as in torch."""
+    if index.op == "const":
+        value = rw.torch_value(index, torch.int64)
+        return rw.const(torch.where(value < 0, value + size, value), DType.INT32)
+    return rw.cast(index, DType.INT32)
+
+
+def _exact_in_fp32(rw: Rewriter, x: ir.Node) -> bool:
+    return x.op == "const" and bool((rw.torch_value(x, torch.int64).abs() <= 2 ** 24).all())
+
+
+def _take(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node) -> ir.Node:
+    """x with axis `dim` replaced by the axes of `index` (x.index_select generalized): one row gather."""
+    rank = len(x.shape)
+    rows = rw.permute(x, (dim,) + tuple(d for d in range(rank) if d != dim))
+    rest = rows.shape[1:]
+    table = rw.reshape(rows, (rows.shape[0], math.prod(rest)))
+    if not table.dtype.is_float:   # gather tables are float: 8-bit values, and int32 up to 2^24, convert exactly
+        if table.dtype is DType.INT32 and not _exact_in_fp32(rw, x):
+            rw.fail("is not supported on an int32 tensor unless it is a constant of values within +-2^24 "
+                    "(the row gather moves float rows)")
+        table = rw.cast(table, DType.FP32)
+    index = _index_tensor(rw, index, x.shape[dim])
+    gathered = rw.emit("gather", (table, index), index.shape + table.shape[1:], table.dtype)
+    out = rw.cast(rw.reshape(gathered, index.shape + rest), x.dtype)
+    b = len(index.shape)
+    return rw.permute(out, tuple(range(b, b + dim)) + tuple(range(b)) + tuple(range(b + dim, b + len(rest))))
+
+
+@rule("aten.embedding.default")
+def _embedding(rw: Rewriter, n, a):
+    return _take(rw, a["weight"], 0, a["indices"])
+
+
+@rule("aten.index_select.default")
+def _index_select(rw: Rewriter, n, a):
+    x = a["self"]
+    return _take(rw, x, _dim(a["dim"], len(x.shape)), a["index"])
+
+
+@rule("aten.index.Tensor")
+def _index(rw: Rewriter, n, a):
+    """x[i0, i1, ...] with integer index tensors: the indexed dims merge into one, indexed by a flat index."""
+    x, indices = a["self"], list(a["indices"])
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    tensors = [indices[d] for d in dims]
+    if any(rw.arg_dtypes[i] is torch.bool for i in range(len(rw.arg_dtypes)) if i > 0):
+        rw.fail("with a boolean mask is not supported: its result shape depends on the values")
+    if dims != list(range(dims[0], dims[-1] + 1)):   # torch puts the index dims first when they are apart
+        rest = [d for d in range(len(x.shape)) if d not in dims]
+        x = rw.permute(x, dims + rest)
+        dims = list(range(len(dims)))
+    first, sizes = dims[0], [x.shape[d] for d in dims]
+    merged = rw.reshape(x, x.shape[:first] + (math.prod(sizes),) + x.shape[first + len(dims):])
+    flat, stride = None, 1
+    for index, size in reversed(list(zip(tensors, sizes))):
+        index = _index_tensor(rw, index, size)
+        term = index if stride == 1 else rw.scalar(index, "mul", stride, dtype=DType.INT32)
+        flat = term if flat is None else rw.binary("add", flat, term, DType.INT32)
+        stride *= size
+    return _take(rw, merged, first, flat)

@@ -1,0 +1,95 @@
+"""merge-matmuls: sibling matmuls of one input with constant weights become one wider matmul.
+
+Attention's query, key and value projections all multiply the same activations: as three
+kernels they load those activations three times and pay three pipeline start-ups. Concatenating
+the weights (and the biases, when every sibling adds one) gives one matmul whose output the
+three consumers read through slices, which are free views of HBM.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from trnc import ir
+from trnc.passes.simplify import replace_uses
+
+
+def _weight(m: ir.Node):
+    w = m.inputs[1]
+    return w if w.op == "const" and len(w.shape) == 2 else None
+
+
+def _bias_of(m: ir.Node, users) -> ir.Node | None:
+    """The single user of m when it is `add(m, const [N])` (either operand order), else None."""
+    us = users.get(m, [])
+    if len(us) != 1 or us[0].op != "binary" or us[0].attrs.get("op") != "add" or m not in us[0].inputs:
+        return None
+    u = us[0]
+    b = u.inputs[1] if u.inputs[0] is m else u.inputs[0]
+    ok = b.op == "const" and b.shape == (m.shape[-1],) and b.dtype == m.dtype and u.shape == m.shape
+    return u if ok else None
+
+
+def _const_operand(add: ir.Node) -> ir.Node:
+    return add.inputs[1] if add.inputs[1].op == "const" else add.inputs[0]
+
+
+def merge_matmuls(graph: ir.Graph) -> dict:
+    users = graph.users()
+    siblings: dict[ir.Node, list[ir.Node]] = defaultdict(list)
+    for n in graph.nodes:
+        if n.op == "matmul" and _weight(n) is not None and n.inputs[0].op != "const" and n not in graph.outputs:
+            siblings[n.inputs[0]].append(n)
+    merged = 0
+    for a, group in siblings.items():
+        group = [m for m in group if _weight(m).dtype == _weight(group[0]).dtype and m.dtype == group[0].dtype]
+        if len(group) < 2:
+            continue
+        biases = [_bias_of(m, users) for m in group]
+        with_bias = all(b is not None and b not in graph.outputs for b in biases)
+        _merge(graph, a, group, biases if with_bias else None)
+        merged += len(group)
+    return {"matmuls_merged": merged}
+
+
+def _merge(graph: ir.Graph, a: ir.Node, group: list[ir.Node], biases: list[ir.Node] | None) -> None:
+    w0 = _weight(group[0])
+    weight = ir.Node("const", (), (w0.shape[0], sum(m.shape[-1] for m in group)), w0.dtype,
+                     {"value": np.concatenate([_weight(m).attrs["value"] for m in group], axis=1)},
+                     name=f"{w0.name}_merged")
+    out_shape = (*group[0].shape[:-1], weight.shape[1])
+    mm = ir.Node("matmul", (a, weight), out_shape, group[0].dtype, source=group[0].source)
+    new = [weight, mm]
+    base, ends = mm, group
+    if biases is not None:
+        b0 = _const_operand(biases[0])
+        value = np.concatenate([_const_operand(b).attrs["value"] for b in biases])
+        bias = ir.Node("const", (), (weight.shape[1],), b0.dtype, {"value": value}, name=f"{b0.name}_merged")
+        base = ir.Node("binary", (mm, bias), out_shape, biases[0].dtype, {"op": "add"}, source=biases[0].source)
+        new += [bias, base]
+        ends = biases
+    start = 0
+    slices = []
+    for m, end in zip(group, ends):
+        n = m.shape[-1]
+        s = ir.Node("slice", (base,), end.shape, end.dtype,
+                    {"dim": len(out_shape) - 1, "start": start, "stop": start + n, "step": 1}, source=end.source)
+        slices.append((end, s))
+        start += n
+    at = min(graph.nodes.index(m) for m in group)
+    graph.nodes[at:at] = new + [s for _, s in slices]
+    for end, s in slices:
+        replace_uses(graph, end, s)
+    graph.prune()
+
+
+@dataclass(frozen=True)
+class MergeMatmuls:
+    """Sibling matmuls of one input with constant weights (Q, K, V) into one wider matmul and free slices."""
+
+    name: str = "merge-matmuls"
+
+    def run(self, state) -> dict:
+        return merge_matmuls(state.graph)

@@ -1,0 +1,60 @@
+"""Test harness for kernels and backend passes: a small legalized graph with chosen kernels, compiled by the
+tile, allocate, schedule and emit passes, then run on the numpy reference and the JIT (bit-equal)."""
+from __future__ import annotations
+
+import numpy as np
+
+from trnc import ir
+from trnc.isa.config import get_target
+from trnc.passes.allocate import Allocate
+from trnc.passes.emit import Emit
+from trnc.passes.pipeline import CompileState, Options
+from trnc.passes.schedule import Schedule
+from trnc.passes.tile import Tile
+from trnc.runtime import reference
+from trnc.runtime.jit import executor
+
+
+def inp(index: int, shape, dtype) -> ir.Node:
+    return ir.Node("input", (), shape, dtype, {"index": index}, name=f"x{index}")
+
+
+def const(value: np.ndarray, dtype) -> ir.Node:
+    return ir.Node("const", (), value.shape, dtype, {"value": value.astype(dtype.storage)})
+
+
+def compile_kernels(inputs: list[ir.Node], kernels: list[ir.Kernel], outputs: list[ir.Node] | None = None,
+                    target: str = "trn2") -> CompileState:
+    """Run tile -> allocate -> schedule -> emit on a graph made of `kernels` (in order)."""
+    nodes = [n for k in kernels for n in k.nodes]
+    consts = {i for n in nodes for i in n.inputs if i.op == "const"}
+    graph = ir.Graph(list(inputs) + sorted(consts, key=lambda n: n.name) + nodes, list(inputs),
+                     outputs or [kernels[-1].output], kernels=list(kernels))
+    ir.verify(graph)
+    state = CompileState(graph, Options(target=target), get_target(target))
+    for p in (Tile(), Allocate(), Schedule(), Emit()):
+        state.stats[p.name] = p.run(state)
+    return state
+
+
+def run_both(state: CompileState, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Run the program on the reference and the JIT; require bit-equal outputs (NaN by class); return them."""
+    feed = {name: a for name, a in zip(state.tiles.inputs, arrays)}
+    feed.update(state.tiles.constants)
+    ref = reference.run(state.program, feed, verified=True)
+    jit = executor.run(state.program, feed, verified=True)
+    outs = []
+    for name in state.tiles.outputs:
+        a, b = np.atleast_1d(ref[name]), np.atleast_1d(jit[name])
+        av, bv = a.view(np.uint8).reshape(a.shape + (-1,)), b.view(np.uint8).reshape(b.shape + (-1,))
+        nan = np.isnan(a.astype(np.float32)) & np.isnan(b.astype(np.float32)) if a.dtype.kind == "f" or \
+            str(a.dtype) in ("bfloat16",) else np.zeros(a.shape, bool)
+        same = np.all(av == bv, axis=-1) | nan
+        assert same.all(), f"{name}: JIT and reference differ at {np.argwhere(~same)[:5].tolist()}"
+        outs.append(ref[name])
+    return outs
+
+
+def compile_and_run(inputs, kernels, arrays, outputs=None, target="trn2"):
+    state = compile_kernels(inputs, kernels, outputs, target)
+    return run_both(state, arrays), state

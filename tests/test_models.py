@@ -1,0 +1,176 @@
+"""End to end: real models compiled by trnc.compile against torch eager, and the JIT against the reference.
+
+Tolerances. fp32: max|diff| / max|ref| <= 1e-5 (fp32 everywhere; activation functions are a few ulp
+and matmuls accumulate in a fixed k order, both far inside it). bf16 with auto_cast="all": every
+kernel rounds its stored result to bf16 once (relative error <= u = 2^-8, bf16's unit roundoff), and
+errors along a chain of kernels add, so the bound is u times the number of kernels on the longest
+path of the compiled graph (counted per model below); matmul accumulation stays fp32.
+"""
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import trnc.api as trnc_api
+
+U_BF16 = 2.0 ** -8
+
+
+def _rel(got, ref) -> float:
+    got, ref = got.detach().double(), ref.detach().double()
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+def _first(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) or hasattr(out, "last_hidden_state"):
+        return out["last_hidden_state"]
+    return out[0]
+
+
+def _kernel_depth(compiled_graph) -> int:
+    """Kernels on the longest input-to-output path of the fused graph."""
+    kernel_of = {n: i for i, k in enumerate(compiled_graph.kernels) for n in k.nodes}
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(compiled_graph.kernels)))
+    for i, k in enumerate(compiled_graph.kernels):
+        for n in k.inputs:
+            if n in kernel_of:
+                g.add_edge(kernel_of[n], i)
+    return nx.dag_longest_path_length(g) + 1
+
+
+def _check_bit_exact(compiled, args):
+    jit, ref = compiled(*args), compiled.run_reference(*args)
+    for a, b in zip(torch.utils._pytree.tree_leaves(jit), torch.utils._pytree.tree_leaves(ref)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bool else a, b) or \
+            torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+
+
+def _compare(model, args, *, bit_exact=True, **options):
+    model.eval()
+    with torch.no_grad():
+        ref = model(*args)
+        compiled = trnc_api.compile(model, args, **options)
+        got = compiled(*args)
+    rel = _rel(_first(got), _first(ref))
+    assert type(got) is type(ref) or isinstance(ref, dict)
+    if bit_exact:
+        _check_bit_exact(compiled, args)
+    return rel, compiled
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(48, 96), nn.Linear(96, 96), nn.Linear(96, 10)
+
+    def forward(self, x):
+        return self.fc3(F.silu(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class EncoderBlock(nn.Module):
+    """A pre-norm transformer encoder block written by hand: sdpa with an additive mask, GELU MLP."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+def test_mlp_fp32():
+    torch.manual_seed(0)
+    rel, compiled = _compare(MLP(), (torch.randn(40, 48),))
+    assert rel <= 1e-5
+    assert compiled.stats["instructions"] > 0 and 0 < compiled.stats["efficiency"] <= 1
+
+
+def test_encoder_block_fp32_and_bf16():
+    torch.manual_seed(1)
+    x, mask = torch.randn(2, 24, 64), torch.randn(2, 1, 24, 24)
+    rel, _ = _compare(EncoderBlock(), (x, mask))
+    assert rel <= 1e-5
+    rel, compiled = _compare(EncoderBlock(), (x, mask), precision="bf16", auto_cast="all", bit_exact=False)
+    assert rel <= _depth_bound(EncoderBlock(), (x, mask))
+
+
+def _depth_bound(model, args) -> float:
+    from trnc.capture import capture
+    from trnc.isa.config import get_target
+    from trnc.passes.fold import FoldConstants
+    from trnc.passes.fuse import Fuse
+    from trnc.passes.legalize import Legalize
+    from trnc.passes.pipeline import CompileState, Options
+    graph, _ = capture(model.eval(), args)
+    state = CompileState(graph, Options("bf16", "all"), get_target("trn2"))
+    for p in (Legalize(), FoldConstants(), Fuse()):
+        p.run(state)
+    return _kernel_depth(state.graph) * U_BF16
+
+
+def _hf(kind):
+    import transformers as tf
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = tf.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=120, max_position_embeddings=64, attn_implementation="sdpa")
+        model = tf.BertModel(cfg)
+    elif kind == "gpt2":
+        cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=120, n_positions=64, use_cache=False,
+                            attn_implementation="sdpa")
+        model = tf.GPT2Model(cfg)
+    else:
+        cfg = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=120, max_position_embeddings=64, use_cache=False,
+                             attn_implementation="sdpa")
+        model = tf.LlamaModel(cfg)
+    ids = torch.randint(0, 120, (2, 16))
+    return model.eval(), (ids,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_hugging_face_fp32(kind):
+    model, args = _hf(kind)
+    rel, compiled = _compare(model, args)
+    assert rel <= 1e-5, f"{kind}: relative error {rel:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_hugging_face_bf16_all(kind):
+    model, args = _hf(kind)
+    rel, _ = _compare(model, args, precision="bf16", auto_cast="all", bit_exact=False)
+    bound = _depth_bound(model, args)
+    assert rel <= bound, f"{kind}: relative error {rel:.3g} above {bound:.3g}"
+
+
+def test_unsupported_op_names_op_and_line():
+    from trnc.errors import UnsupportedOpError
+
+    class Sorts(nn.Module):
+        def forward(self, x):
+            return torch.sort(x).values * 2
+
+    with pytest.raises(UnsupportedOpError, match=r"sort.*test_models\.py:\d+"):
+        trnc_api.compile(Sorts(), (torch.randn(4, 8),))
+
+
+def test_static_shapes_are_checked():
+    compiled = trnc_api.compile(MLP().eval(), (torch.randn(8, 48),))
+    with pytest.raises(Exception, match="compiled for"):
+        compiled(torch.randn(9, 48))
+    assert np.isfinite(compiled(torch.randn(8, 48)).numpy()).all()

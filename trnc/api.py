@@ -1,0 +1,178 @@
+"""trnc.compile and CompiledModel: the library entry point from a PyTorch model to a runnable, profiled program.
+
+compile() captures the model (trnc/capture.py), runs the pass pipeline (passes/pipeline.py), and
+models the program's time (runtime/perf.py). The CompiledModel is called like the model: torch
+tensors in, the model's output structure out, executed by the JIT (or the numpy reference).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from trnc.capture import capture
+from trnc.errors import TrncError
+from trnc.isa.config import TARGETS, get_target
+from trnc.isa.dtypes import DType
+from trnc.isa.program import Program, TensorKind
+from trnc.passes.pipeline import CompileState, Options, run_pipeline
+from trnc.passes.precision import AUTO_CAST
+from trnc.runtime import perf, reference
+
+PRECISIONS = ("fp32", "bf16")
+TORCH_OF = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16,
+            DType.INT32: torch.int32, DType.UINT8: torch.uint8, DType.INT8: torch.int8}
+
+
+def _options(precision: str, target: str, auto_cast: str | None) -> Options:
+    if precision not in PRECISIONS:
+        raise TrncError(f"precision={precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if target not in TARGETS:
+        raise TrncError(f"target={target!r}; choose one of {', '.join(TARGETS)}")
+    if auto_cast is None:
+        auto_cast = "none" if precision == "fp32" else "matmult"
+    if auto_cast not in AUTO_CAST:
+        raise TrncError(f"auto_cast={auto_cast!r}; choose one of {', '.join(AUTO_CAST)}")
+    return Options(precision, auto_cast, target)
+
+
+def compile(model, example_inputs, *, precision: str = "fp32", target: str = "trn2", auto_cast: str | None = None,
+            example_kwargs: dict | None = None, print_after=(), verify: bool = True) -> "CompiledModel":
+    """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
+
+    precision: "fp32" or "bf16" (the type auto_cast casts to). auto_cast: "none", "matmult" (default
+    for bf16: matmul operands) or "all" (every intermediate value). target: "trn1", "trn2", "trn3".
+    """
+    options = _options(precision, target, auto_cast)
+    start = time.perf_counter()
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    graph, info = capture(model, tuple(example_inputs), example_kwargs)
+    capture_seconds = time.perf_counter() - start
+    state = CompileState(graph, options, get_target(target))
+    times = run_pipeline(state, print_after=print_after, verify=verify)
+    times = {"capture": capture_seconds, **times}
+    compiled = CompiledModel(state.program, state.tiles.constants, info, options)
+    compiled.stats.update(compiled_stats(state, times, compiled.perf))
+    return compiled
+
+
+def model_pe_seconds(graph, hw) -> tuple[int, float]:
+    """MACs the model asks for (its matmuls and attentions, as eager computes them) and their TensorE time
+    at the peak rate of each kernel's operand dtype: the compute side of the model's roofline, which,
+    unlike the executed MACs the performance model counts, no extra work of a kernel plan can inflate."""
+    macs, seconds = 0, 0.0
+    for k in graph.kernels:
+        n = k.nodes[0]
+        if k.kind == "matmul":
+            work = int(np.prod(n.shape, dtype=np.int64)) * n.inputs[0].shape[-1]
+        elif k.kind == "attention":
+            q, key, v = (i.shape for i in n.inputs[:3])
+            work = int(np.prod(q[:-1], dtype=np.int64)) * key[-2] * (q[-1] + v[-1])
+        else:
+            continue
+        macs += work
+        rate = hw.macs_per_cycle(k.compute_dtype or DType.FP32) * hw.clock_hz["pe"]
+        seconds += work / rate
+    return macs, seconds
+
+
+def compiled_stats(state: CompileState, times: dict[str, float], report) -> dict:
+    """Compile-side stats, and the efficiency against the model's roofline (not the executed MACs')."""
+    alloc = state.stats.get("allocate", {})
+    macs, pe_seconds = model_pe_seconds(state.graph, state.hw)
+    roofline = max(pe_seconds, report.roofline_hbm_seconds)
+    return {"compile_seconds": sum(times.values()), "pass_seconds": times,
+            "sbuf_peak_bytes": alloc.get("sbuf_peak_bytes", 0), "psum_peak_bytes": alloc.get("psum_peak_bytes", 0),
+            "kernels": len(state.graph.kernels or ()), "model_macs": macs,
+            "roofline_seconds": roofline, "roofline_cycles": roofline * state.hw.clock_hz["pe"],
+            "efficiency": roofline / report.total_seconds if report.total_ticks else 0.0}
+
+
+def _to_numpy(t: torch.Tensor, dtype: DType) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if dtype is DType.BF16:
+        return t.view(torch.int16).numpy().view(dtype.storage)
+    return t.numpy().astype(dtype.storage, copy=False)
+
+
+def _to_torch(a: np.ndarray, dtype: DType, torch_dtype: torch.dtype) -> torch.Tensor:
+    if dtype is DType.BF16:
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(torch_dtype)
+
+
+class CompiledModel:
+    """A compiled model: call it like the model. `.program` is the isa.Program, `.stats` its counters."""
+
+    def __init__(self, program: Program, constants: dict[str, np.ndarray], info, options: Options):
+        self.program = program
+        self.constants = constants
+        self.info = info
+        self.options = options
+        self.inputs = program.tensors_of(TensorKind.INPUT)
+        self.outputs = program.tensors_of(TensorKind.OUTPUT)
+        self._jit = None
+        self.stats = self._perf_stats()
+
+    def _perf_stats(self) -> dict:
+        report = perf.simulate(self.program, get_target(self.program.target), verified=True)
+        self.perf = report
+        pe_hz = get_target(self.program.target).clock_hz["pe"]
+        busy = {name: q.busy_cycles / q.clock_hz for name, q in report.queues.items()}
+        engine_busy = {e: busy.get(e, 0.0) for e in ("pe", "act", "dve", "pool")}
+        engine_busy["dma"] = sum(v for k, v in busy.items() if k.startswith("dma"))
+        return {"cycles": report.total_cycles("pe"), "seconds": report.total_seconds,
+                "roofline_cycles": report.roofline_seconds * pe_hz, "roofline_seconds": report.roofline_seconds,
+                "efficiency": report.efficiency, "executed_macs_efficiency": report.efficiency,
+                "engine_busy": engine_busy,
+                "engine_utilization": {n: q.utilization for n, q in report.queues.items()},
+                "dma_bytes": sum(report.dma_bytes.values()), "instructions": report.instructions,
+                "macs": report.macs}
+
+    # -- calling ---------------------------------------------------------------------------------------
+    def _feed(self, args, kwargs) -> dict[str, np.ndarray]:
+        leaves = [x for x in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(x, torch.Tensor)]
+        if len(leaves) != len(self.inputs):
+            raise TrncError(f"called with {len(leaves)} tensors; the model was compiled for {len(self.inputs)}")
+        feed = dict(self.constants)
+        for i, (t, decl) in enumerate(zip(leaves, self.inputs)):
+            if tuple(t.shape) != decl.shape:
+                raise TrncError(f"input {i} has shape {list(t.shape)}; it was compiled for {list(decl.shape)} "
+                                "(shapes are static: compile again for new shapes)")
+            if decl.dtype is DType.INT32 and t.dtype == torch.int64:
+                if t.numel() and (int(t.max()) >= 2**31 or int(t.min()) < -2**31):
+                    raise TrncError(f"input {i} holds int64 values outside int32, the machine's index type")
+            feed[decl.name] = _to_numpy(t.to(TORCH_OF[decl.dtype]), decl.dtype)
+        return feed
+
+    def _result(self, out: dict[str, np.ndarray]):
+        flat = []
+        for decl, torch_dtype in zip(self.outputs, self.info.output_dtypes):
+            flat.append(_to_torch(out[decl.name], decl.dtype, torch_dtype))
+        return pytree.tree_unflatten(flat, self.info.out_spec) if self.info.out_spec is not None else tuple(flat)
+
+    def __call__(self, *args, **kwargs):
+        if self._jit is None:
+            from trnc.runtime.jit import executor
+            self._jit = executor.load(self.program, verified=True)
+        return self._result(self._jit.run(self._feed(args, kwargs)))
+
+    def run_reference(self, *args, **kwargs):
+        """Execute on the numpy reference interpreter (slow; the JIT must agree with it bit for bit)."""
+        return self._result(reference.run(self.program, self._feed(args, kwargs), verified=True))
+
+    def save(self, path) -> None:
+        from trnc.artifact import save
+        save(self, Path(path))
+
+
+def load(path) -> CompiledModel:
+    """A CompiledModel from a .trnc artifact written by CompiledModel.save (verified before it can run)."""
+    from trnc.artifact import load as load_artifact
+    return load_artifact(Path(path))

@@ -1,0 +1,222 @@
+"""The executable meaning of the legalized trnc IR: evaluate a graph with torch, one small function per op.
+
+Tests compare compiled programs with it, and the fold pass uses it to compute constant nodes, so it
+follows the machine's numerics rather than torch's (isa/spec_intro.md, Numerics): every compute op
+reads its operands into fp32, computes in fp32 and writes the node's dtype (floats round to nearest
+even; ints round half to even, saturate, NaN -> 0). Comparisons and logical ops give 0/1. Movement
+ops (reshape, permute, expand, slice, cat, copy) and gather move values exactly. It also holds the
+conversions between torch tensors and the numpy arrays `const` nodes keep (`array_of`, `tensor_of`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trnc import ir
+from trnc.errors import TrncError
+from trnc.isa.dtypes import DType
+
+TORCH_DTYPES = {
+    DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16,
+    DType.FP8_E4M3: torch.float8_e4m3fn, DType.FP8_E5M2: torch.float8_e5m2,
+    DType.INT8: torch.int8, DType.UINT8: torch.uint8, DType.INT32: torch.int32,
+}
+# dtypes numpy cannot hand to torch directly: moved as raw bits of the same width
+_BITS = {DType.BF16: (np.int16, torch.int16), DType.FP8_E4M3: (np.uint8, torch.uint8),
+         DType.FP8_E5M2: (np.uint8, torch.uint8)}
+INT_RANGES = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2 ** 31), 2 ** 31 - 1)}
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    if dtype not in TORCH_DTYPES:
+        raise TrncError(f"the IR interpreter has no torch type for {dtype.text}; it runs "
+                        f"{', '.join(d.text for d in TORCH_DTYPES)}")
+    return TORCH_DTYPES[dtype]
+
+
+def array_of(t: torch.Tensor, dtype: DType) -> np.ndarray:
+    """`t`'s values as a numpy array of dtype.storage (what a const node keeps).
+
+    Integer values must fit `dtype` (ValueError otherwise): an int64 index table that does not fit
+    int32 cannot be narrowed silently.
+    """
+    t = t.detach().to("cpu")
+    if dtype.is_int and t.numel() and not t.dtype.is_floating_point:
+        low, high = INT_RANGES[dtype]
+        if int(t.min()) < low or int(t.max()) > high:
+            raise ValueError(f"values in [{int(t.min())}, {int(t.max())}] do not fit {dtype.text}")
+    t = t.to(torch_dtype(dtype)).contiguous()
+    if dtype in _BITS:
+        return t.view(_BITS[dtype][1]).numpy().view(dtype.storage)
+    return t.numpy()
+
+
+def tensor_of(value: np.ndarray, dtype: DType) -> torch.Tensor:
+    """The torch tensor of a const node's array (a copy, so evaluation never writes into the graph)."""
+    value = np.ascontiguousarray(value, dtype=dtype.storage)
+    if dtype in _BITS:
+        return torch.from_numpy(value.view(_BITS[dtype][0]).copy()).view(torch_dtype(dtype))
+    return torch.from_numpy(value.copy())
+
+
+def store(t: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """The machine's write rule: convert a computed tensor to `dtype`."""
+    target = torch_dtype(dtype)
+    if t.dtype == target:
+        return t
+    if not dtype.is_int:
+        return t.to(target)
+    low, high = INT_RANGES[dtype]
+    if t.dtype.is_floating_point:   # in float64, where the int32 bounds are exact
+        t = torch.nan_to_num(torch.round(t.double()), nan=0.0)
+    return t.clamp(low, high).to(target)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """The machine's read rule: every dtype into fp32 (int32 above 2^24 rounds to nearest even)."""
+    return t.to(torch.float32)
+
+
+def _logical(fn):
+    return lambda a, b: fn(a != 0, b != 0)
+
+
+UNARY = {
+    "copy": lambda x: x, "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "log": torch.log,
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "square": lambda x: x * x,
+    "abs": torch.abs, "neg": torch.neg,
+}
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+    "min": torch.minimum, "pow": torch.pow, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
+    "gt": torch.gt, "ge": torch.ge, "and": _logical(torch.logical_and), "or": _logical(torch.logical_or),
+    "xor": _logical(torch.logical_xor),
+}
+REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+
+
+def _unary(n, x):
+    return UNARY[n.attrs["func"]](_f32(x))
+
+
+def _binary(n, a, b):
+    return BINARY[n.attrs["op"]](_f32(a), _f32(b))
+
+
+def _scalar(n, x):
+    value = torch.tensor(n.attrs["value"], dtype=torch.float32)
+    x = _f32(x)
+    fn = BINARY[n.attrs["op"]]
+    return fn(value, x) if n.attrs.get("reverse") else fn(x, value)
+
+
+def _where(n, cond, a, b):
+    return torch.where(cond != 0, _f32(a), _f32(b))
+
+
+def _cast(n, x):
+    return x if x.dtype.is_floating_point or not n.dtype.is_float else _f32(x)
+
+
+def _reduce(n, x):
+    return REDUCE[n.attrs["op"]](_f32(x), dim=tuple(n.attrs["axes"]), keepdim=n.attrs["keepdim"])
+
+
+def _softmax(n, x):
+    return torch.softmax(_f32(x), dim=-1)
+
+
+def _log_softmax(n, x):
+    return torch.log_softmax(_f32(x), dim=-1)
+
+
+def _layer_norm(n, x, *params):
+    params = [_f32(p) for p in params]
+    weight = params.pop(0) if n.attrs["has_weight"] else None
+    bias = params.pop(0) if n.attrs["has_bias"] else None
+    return F.layer_norm(_f32(x), (x.shape[-1],), weight, bias, n.attrs["eps"])
+
+
+def _matmul(n, a, b):
+    return torch.matmul(_f32(a), _f32(b))
+
+
+def _attention(n, q, k, v, *mask):
+    """softmax(q k^T * scale + mask [+ causal mask]) v, the causal mask aligned to the top left as in torch."""
+    scores = torch.matmul(_f32(q), _f32(k).transpose(-1, -2)) * n.attrs["scale"]
+    if mask:
+        scores = scores + _f32(mask[0])
+    if n.attrs["causal"]:
+        sq, sk = scores.shape[-2:]
+        keep = torch.ones(sq, sk, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    return torch.matmul(torch.softmax(scores, dim=-1), _f32(v))
+
+
+def _gather(n, table, index):
+    return table[index.long()]
+
+
+def _reshape(n, x):
+    return x.reshape(n.shape)
+
+
+def _permute(n, x):
+    return x.permute(n.attrs["dims"])
+
+
+def _expand(n, x):
+    return torch.broadcast_to(x, n.shape)
+
+
+def _slice(n, x):
+    a = n.attrs
+    index = [slice(None)] * x.dim()
+    index[a["dim"]] = slice(a["start"], a["stop"], a.get("step", 1))
+    return x[tuple(index)]
+
+
+def _cat(n, *xs):
+    return torch.cat([store(x, n.dtype) for x in xs], dim=n.attrs["dim"])
+
+
+def _copy(n, x):
+    return x.clone()
+
+
+EVAL = {
+    "unary": _unary, "binary": _binary, "scalar": _scalar, "where": _where, "cast": _cast, "reduce": _reduce,
+    "softmax": _softmax, "log_softmax": _log_softmax, "layer_norm": _layer_norm, "matmul": _matmul,
+    "attention": _attention, "gather": _gather, "reshape": _reshape, "permute": _permute, "expand": _expand,
+    "slice": _slice, "cat": _cat, "copy": _copy,
+}
+
+
+def evaluate(node: ir.Node, args: list[torch.Tensor]) -> torch.Tensor:
+    """The value of one non-source node from the values of its inputs, in the node's dtype."""
+    if node.op not in EVAL:
+        raise TrncError(f"the IR interpreter cannot run op '{node.op}' of %{node.name}{node.where()}; "
+                        "run it on a legalized graph")
+    return store(EVAL[node.op](node, *args).contiguous(), node.dtype)
+
+
+def run_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Evaluate a legalized graph on user inputs (converted to each input node's dtype); returns the outputs."""
+    if len(inputs) != len(graph.inputs):
+        raise TrncError(f"the graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    values: dict[ir.Node, torch.Tensor] = {}
+    for node, x in zip(graph.inputs, inputs):
+        if tuple(x.shape) != node.shape:
+            raise TrncError(f"input {node.attrs.get('index')} has shape {list(x.shape)}, the graph was captured "
+                            f"with {list(node.shape)}")
+        values[node] = store(x.detach(), node.dtype)
+    for node in graph.nodes:
+        if node.op == "const":
+            values[node] = tensor_of(node.attrs["value"], node.dtype).reshape(node.shape)
+        elif node.op != "input":
+            values[node] = evaluate(node, [values[i] for i in node.inputs])
+    return [values[o] for o in graph.outputs]

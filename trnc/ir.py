@@ -1,0 +1,249 @@
+"""The tensor IR between capture and tiling: a graph of typed nodes, printable and verified.
+
+One Node is one operation producing one tensor (shape, dtype). Capture imports Core ATen nodes as
+`aten.*` ops with their arguments in `attrs`; legalize rewrites them into the trnc op set below,
+which every later pass understands. The op families are named sets (OPS_*), the only place
+families are listed. Fuse groups nodes into Kernels; precision, layout and tile annotate them.
+networkx serves the graph algorithms (order, users, fusion groups).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from trnc.errors import VerifyError
+from trnc.isa.dtypes import DType
+
+# -- the trnc op set (after legalize) --------------------------------------------------------------
+OPS_SOURCE = frozenset({"input", "const"})
+# unary functions: the ActFunc names plus "neg" (a tensor_scalar multiply by -1)
+UNARY_FUNCS = frozenset({"copy", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log", "sqrt",
+                         "rsqrt", "reciprocal", "square", "abs", "neg"})
+# binary ops: the AluOp names; both operands broadcast (numpy rules) to the node's shape
+BINARY_OPS = frozenset({"add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge",
+                        "and", "or", "xor"})
+OPS_ELEMENTWISE = frozenset({"unary", "binary", "scalar", "where", "cast"})
+OPS_REDUCE = frozenset({"reduce"})                       # attrs op (sum/max/min), axes, keepdim
+OPS_ROWWISE = frozenset({"softmax", "log_softmax", "layer_norm"})   # over the last axis
+OPS_CONTRACT = frozenset({"matmul", "attention"})
+OPS_GATHER = frozenset({"gather"})                       # table [V, D], index int32 [...] -> [..., D]
+# movement: views when the strides allow it, else one DMA copy (never through the host)
+OPS_MOVEMENT = frozenset({"reshape", "permute", "expand", "slice", "cat", "copy"})
+TRNC_OPS = OPS_SOURCE | OPS_ELEMENTWISE | OPS_REDUCE | OPS_ROWWISE | OPS_CONTRACT | OPS_GATHER | OPS_MOVEMENT
+
+_names = itertools.count()
+
+
+@dataclass(eq=False)
+class Node:
+    """One operation and the tensor it produces.
+
+    `source` is the user's line ("model.py:12: return self.fc(x)") from the fx node's stack trace,
+    so every error about a node can name where it came from.
+    """
+
+    op: str
+    inputs: tuple["Node", ...]
+    shape: tuple[int, ...]
+    dtype: DType
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        self.inputs = tuple(self.inputs)
+        self.shape = tuple(int(s) for s in self.shape)
+        if not self.name:
+            self.name = f"v{next(_names)}"
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def where(self) -> str:
+        """' (at model.py:12: ...)' for error messages, or '' when the source is unknown."""
+        return f" (at {self.source})" if self.source else ""
+
+    def __repr__(self) -> str:
+        return f"<{self.op} %{self.name} {self.dtype.text}{list(self.shape)}>"
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A fusion group: nodes computed together on chip, reading `inputs` from HBM, writing `output`.
+
+    kind: "elementwise", "reduce", "softmax", "log_softmax", "layer_norm", "matmul", "attention",
+    "gather", "movement". Precision sets `compute_dtype`; layout sets `partition_dim` (the
+    output dim on the 128 partitions; for matmul 'm' or 'n').
+    """
+
+    kind: str
+    nodes: list[Node]
+    compute_dtype: DType | None = None
+    partition_dim: Any = None
+
+    @property
+    def output(self) -> Node:
+        return self.nodes[-1]
+
+    @property
+    def inputs(self) -> list[Node]:
+        inside = set(self.nodes)
+        seen: dict[Node, None] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i not in inside:
+                    seen.setdefault(i)
+        return list(seen)
+
+
+@dataclass(eq=False)
+class Graph:
+    """Nodes in topological order; `inputs` are the user inputs in call order, `outputs` the flat results."""
+
+    nodes: list[Node]
+    inputs: list[Node]
+    outputs: list[Node]
+    kernels: list[Kernel] | None = None   # set by fuse
+
+    def users(self) -> dict[Node, list[Node]]:
+        users: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                users.setdefault(i, []).append(n)
+        return users
+
+    def to_networkx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(self.nodes)
+        g.add_edges_from((i, n) for n in self.nodes for i in n.inputs)
+        return g
+
+    def prune(self) -> int:
+        """Drop nodes no output depends on and restore topological order; returns the number dropped."""
+        g = self.to_networkx()
+        live = set(self.outputs) | set(self.inputs)
+        for out in self.outputs:
+            live |= nx.ancestors(g, out)
+        kept = [n for n in nx.lexicographical_topological_sort(g.subgraph(live), key=_order_key(self.nodes))]
+        dropped = len(self.nodes) - len(kept)
+        self.nodes = kept
+        return dropped
+
+    def text(self) -> str:
+        return format_graph(self)
+
+
+def _order_key(nodes: list[Node]):
+    position = {n: i for i, n in enumerate(nodes)}
+    return lambda n: position.get(n, len(position))
+
+
+def _attr_text(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array{list(value.shape)}"
+    if isinstance(value, DType):
+        return value.text
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def format_node(n: Node) -> str:
+    attrs = {k: v for k, v in n.attrs.items() if k != "value" or not isinstance(v, np.ndarray)}
+    if "value" in n.attrs and isinstance(n.attrs["value"], np.ndarray):
+        attrs["value"] = n.attrs["value"]
+    args = ", ".join(f"%{i.name}" for i in n.inputs)
+    attr_text = " {" + ", ".join(f"{k}={_attr_text(v)}" for k, v in attrs.items()) + "}" if attrs else ""
+    where = f"  # {n.source}" if n.source else ""
+    return f"%{n.name}: {n.dtype.text}{list(n.shape)} = {n.op}({args}){attr_text}{where}"
+
+
+def format_graph(graph: Graph) -> str:
+    """Readable text: one node per line, kernels marked when fuse has run, then the outputs."""
+    kernel_of = {}
+    for k_index, k in enumerate(graph.kernels or []):
+        for n in k.nodes:
+            kernel_of[n] = f"k{k_index}:{k.kind}"
+    lines = [f"graph({', '.join('%' + i.name for i in graph.inputs)}) {{"]
+    for n in graph.nodes:
+        mark = f"[{kernel_of[n]}] " if n in kernel_of else ""
+        lines.append(f"  {mark}{format_node(n)}")
+    lines.append(f"  return ({', '.join('%' + o.name for o in graph.outputs)})")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# -- verifier ---------------------------------------------------------------------------------------
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def _check_node(n: Node, legalized: bool) -> str | None:
+    """The broken rule of `n` as text, or None."""
+    if n.op.startswith("aten.") or n.op == "getitem":   # capture-level ops, rewritten by legalize
+        return f"capture-level op {n.op} remains after legalize" if legalized else None
+    if n.op not in TRNC_OPS:
+        return f"unknown op '{n.op}'"
+    ins = [i.shape for i in n.inputs]
+    a = n.attrs
+    if n.op == "unary" and a.get("func") not in UNARY_FUNCS:
+        return f"unary func {a.get('func')!r} is not one of {sorted(UNARY_FUNCS)}"
+    if n.op in ("binary", "scalar") and a.get("op") not in BINARY_OPS:
+        return f"binary op {a.get('op')!r} is not one of {sorted(BINARY_OPS)}"
+    if n.op in ("binary", "where") and _broadcast(*ins) != n.shape:
+        return f"operand shapes {ins} do not broadcast to {list(n.shape)}"
+    if n.op in ("unary", "scalar", "cast", "softmax", "log_softmax", "copy") and ins[0] != n.shape:
+        return f"shape {list(n.shape)} differs from its operand's {list(ins[0])}"
+    if n.op == "matmul":
+        (sa, sb) = ins
+        if len(sa) < 2 or len(sb) < 2 or sa[-1] != sb[-2]:
+            return f"matmul of {list(sa)} and {list(sb)}: contraction sizes differ"
+        batch = _broadcast(sa[:-2], sb[:-2])
+        if batch is None or n.shape != (*batch, sa[-2], sb[-1]):
+            return f"matmul of {list(sa)} and {list(sb)} cannot give {list(n.shape)}"
+    if n.op == "reshape" and n.numel != n.inputs[0].numel:
+        return f"reshape of {n.inputs[0].numel} elements to {list(n.shape)}"
+    if n.op == "permute" and tuple(ins[0][d] for d in a["dims"]) != n.shape:
+        return f"permute {a['dims']} of {list(ins[0])} is not {list(n.shape)}"
+    if n.op == "expand" and _broadcast(ins[0], n.shape) != n.shape:
+        return f"{list(ins[0])} does not expand to {list(n.shape)}"
+    if n.op == "reduce" and a.get("op") not in ("sum", "max", "min"):
+        return f"reduce op {a.get('op')!r} is not sum, max or min"
+    if n.op == "layer_norm" and ins[0] != n.shape:
+        return f"layer_norm output {list(n.shape)} differs from its input {list(ins[0])}"
+    if n.op == "const" and not isinstance(a.get("value"), np.ndarray):
+        return "const without an array value"
+    return None
+
+
+def verify(graph: Graph, *, legalized: bool = True) -> None:
+    """Check every node's rule and that inputs come before users; raise VerifyError naming the node."""
+    seen: set[Node] = set()
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i not in seen:
+                raise VerifyError(f"%{n.name} ({n.op}) uses %{i.name} before it is defined{n.where()}")
+        problem = _check_node(n, legalized)
+        if problem:
+            raise VerifyError(f"%{n.name} = {n.op}: {problem}{n.where()}\n  {format_node(n)}")
+        seen.add(n)
+    for o in graph.outputs:
+        if o not in seen:
+            raise VerifyError(f"output %{o.name} is not a node of the graph")
+    if graph.kernels is not None:
+        grouped = [n for k in graph.kernels for n in k.nodes]
+        if len(grouped) != len(set(grouped)):
+            raise VerifyError("a node belongs to two kernels")
