@@ -58,3 +58,10 @@ def run_both(state: CompileState, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def compile_and_run(inputs, kernels, arrays, outputs=None, target="trn2"):
     state = compile_kernels(inputs, kernels, outputs, target)
     return run_both(state, arrays), state
+
+
+def rel_err(got, ref) -> float:
+    """max |got - ref| / max |ref| in float64 (shapes must match)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape
+    return float(np.abs(got - ref).max() / np.abs(ref).max())

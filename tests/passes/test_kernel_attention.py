@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import harness
+from harness import rel_err
 from trnc import ir
 from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
@@ -30,10 +31,6 @@ TOL = 1e-5
 BF16_U = 2.0 ** -8
 
 
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 
 def randn(rng, shape) -> np.ndarray:
