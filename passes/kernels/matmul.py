@@ -2,30 +2,35 @@
 
 kernel.nodes[0] is the matmul (a [..., M, K] @ b [..., K, N], batch dims broadcast), the rest an
 elementwise epilogue evaluated on each PSUM tile as it is evacuated (passes/kernels/elementwise.py).
-matmul_plan.py decides the orientation and the blocking; this module emits it:
+matmul_plan.py decides the orientation and the blocking; this module emits it. DMA is what limits
+transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one of 16 queues, neuroncore.md
+2.5), so most of this module decides the order and the size of DMAs:
 
-- blocks: the sub-tiles of a resident panel go by in blocks of BLOCK_TILES against each streamed
-  tile, k outermost: per k-tile, one matmul into each block's PSUM bank. The first matmuls then
-  need one k-tile of each operand, not all of K of one of them, so loads of both operands stream
-  in k order and TensorE starts after the first ones (the kernel's ramp), and one block's banks
-  are evacuated while the next block accumulates in the other banks.
-- loads: an operand region ([K, width]: a streamed tile, or a block of a panel) is a list of k
-  chunks, one SBUF buffer and one to a few DMAs each. The kernel knows when TensorE first needs
-  each k-tile (its PE time at full rate); a chunk's DMAs are sized by how long before that time
-  they are emitted (`dma_bytes`): the first ones small, so the ramp is short, later ones up to
-  DMA_MAX, so the ~600 ns fixed cost of a DMA is a few percent of it. The kernel's first loads
-  (the first streamed tile, the first panel, the first epilogue operands) are emitted in the
-  order TensorE and the evacuations need them; every load gets a fresh buffer, so the DMA of
-  later tiles runs ahead of TensorE (prefetch) until SBUF is full. The next streamed tile and the
-  epilogue operands of the next step are emitted one step ahead, before the current step's stores
-  take DMA queues; the next panel's loads are spread over the current panel's steps.
-- evacuation: the epilogue chain (or a copy) from PSUM into one SBUF tile per block, in the
-  output dtype, with the sub-tile as a free axis; epilogue inputs are loaded the same way, one
-  tile per block (a per-feature bias as a [P, sub-tiles] tile of columns), once per panel when
-  they do not change along the streamed side.
-- stores: one per block, in pieces of STORE_BYTES by whole rows of M: the scheduler orders HBM
-  accesses by their byte rows, so pieces of different rows run on different queues at once. The
-  kernel's last block (the tail nothing overlaps) goes in pieces of TAIL_BYTES.
+- blocks: the sub-tiles of a resident panel meet each streamed tile in blocks of BLOCK_TILES, k
+  outermost: per k-tile, one matmul into each of the block's PSUM banks. The first matmuls need one
+  k-tile of each operand rather than all of K of one of them, so both operands stream in k order and
+  TensorE starts after the first DMAs; one block's banks are evacuated while the next accumulates.
+- loads: an operand region ([K, width]: a streamed tile, or a block of a panel) loads in k order, in
+  chunks of k-tiles, one DMA each (the HBM side reads partition k % 128, free dims (k-tile, column)), or
+  several when one k-tile is larger than a DMA should be. The kernel knows when TensorE first needs each
+  k-tile (its PE time at full rate) and estimates when the queues get to each DMA; `dma_bytes` sizes a
+  chunk's DMAs by that slack: up to DMA_MAX when the data is needed long after, DMA_MIN (the throughput)
+  when TensorE is waiting for DMA anyway, DMA_FIRST for the kernel's first wave, so TensorE starts early.
+  The kernel's first loads (the first streamed tile, the first panel, the first block's epilogue
+  inputs) are emitted in the order TensorE and the evacuations need them; later, the next streamed tile
+  goes out one step ahead (before the current step's stores take the queues), the next block's epilogue
+  inputs one block ahead, and the next panel's loads spread over the current panel's steps. Buffers are
+  segments of up to SEGMENT_BYTES, each fresh, so DMA runs ahead of TensorE until SBUF is full.
+- evacuation: the epilogue chain (or a copy) from PSUM into one SBUF tile per block in the output dtype,
+  the sub-tile a free axis. Epilogue inputs load the same way, one tile per input and block, dims that do
+  not change the input loaded once (a per-feature bias is a [P, sub-tiles] tile of per-partition
+  columns), and once per panel when they do not change along the streamed side.
+- stores: one per block in pieces of whole rows of M. The scheduler orders HBM accesses by their byte
+  rows: with M on the partitions, pieces of different rows or column blocks run side by side, so they
+  can be large (STORE_BYTES); with N on the partitions a store spans the rows of the next block's store,
+  which waits for it, so pieces are small enough for that chain to keep up. Near the end of the kernel
+  pieces shrink to what the queues move before TensorE finishes, down to one wave over the queues for
+  the last block, which goes one sub-tile at a time when M is on the partitions (store_bytes).
 
 Numerics: each output element is one fp32 accumulation over k = 0..K-1 in order (products exact
 for bf16, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
@@ -44,7 +49,7 @@ from trnc.isa.config import DMA_QUEUES, PARTITIONS
 from trnc.isa.dtypes import MATMUL_DTYPES, DType
 from trnc.passes.kernels import engines
 from trnc.passes.kernels.elementwise import Operand, emit_chain, immediate, load_operand
-from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Chunk, Gemm, Plan, batch_indices, batch_offset,
+from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
                                              choose_orientation, gemm_of, make_plan, matmul_seconds,
                                              shape_cycles)
 from trnc.passes.tiles import HbmView, KernelBuilder, Tile
@@ -53,7 +58,7 @@ DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per qu
 DMA_MIN = 64 * 1024       # bytes per load DMA after that at least: the ~600 ns fixed cost is under a fifth of it
 DMA_MAX = 512 * 1024      # bytes per load DMA at most: 23 us on one queue, the fixed cost 3% of it
 SLACK_SHARE = 0.5         # a load DMA may take this share of its slack (dma_bytes) on one queue
-SEGMENT_BYTES = 16 * 1024  # bytes per partition of an operand region's SBUF buffers
+SEGMENT_BYTES = 8 * 1024   # bytes per partition of an operand region's SBUF buffers
 LOOKAHEAD = 8e-6          # seconds of TensorE work the streamed fallback loads ahead of its matmuls
 STORE_BYTES = 128 * 1024  # bytes per store DMA
 TAIL_BYTES = 8 * 1024     # bytes per store DMA at least
@@ -144,22 +149,22 @@ class _Region:
         batch = tuple((i, 1) for i in self.index)
         room = self.segment - self.kt % self.segment if self.segment else full
         if self.kt < full:
-            chunk = Chunk(self.kt, max(1, min(full - self.kt, room, target // k_tile_bytes)), PARTITIONS)
-            src = e.split[self.side].box_ap(e.nb + 1, (*batch, (self.kt, chunk.count), (0, PARTITIONS), (x0, width)))
-        else:
-            chunk = Chunk(self.kt, 1, e.gemm.k - full * PARTITIONS)
-            src = e.kx[self.side].box_ap(e.nb, (*batch, (self.kt * PARTITIONS, chunk.rows), (x0, width)))
+            count, rows = max(1, min(full - self.kt, room, target // k_tile_bytes)), PARTITIONS
+            src = e.split[self.side].box_ap(e.nb + 1, (*batch, (self.kt, count), (0, PARTITIONS), (x0, width)))
+        else:       # the partial last k-tile
+            count, rows = 1, e.gemm.k - full * PARTITIONS
+            src = e.kx[self.side].box_ap(e.nb, (*batch, (self.kt * PARTITIONS, rows), (x0, width)))
         if not self.segment:
-            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, chunk.rows, (chunk.count, width)), 0
+            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, rows, (count, width)), 0
         elif self.kt % self.segment:
             tile, first = self.tiles[-1][0], self.kt % self.segment
         else:
-            count = min(self.segment, e.k_tiles - self.kt)
-            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, min(PARTITIONS, e.gemm.k), (count, width)), 0
-        e.dma(tile.narrow(0, 0, chunk.rows).narrow(1, first, chunk.count), src, target)
-        self.tiles += [(tile, first + j) for j in range(chunk.count)]
-        self.kt += chunk.count
-        return chunk.rows * chunk.count * width * e.load_itemsize[self.side]
+            size = min(self.segment, e.k_tiles - self.kt)
+            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, min(PARTITIONS, e.gemm.k), (size, width)), 0
+        e.dma(tile.narrow(0, 0, rows).narrow(1, first, count), src, target)
+        self.tiles += [(tile, first + j) for j in range(count)]
+        self.kt += count
+        return rows * count * width * e.load_itemsize[self.side]
 
     def fill(self, until: float) -> None:
         """Load the chunks first needed before PE time `until`."""
@@ -299,6 +304,7 @@ class _Emitter:
                       for index in group for t0 in range(0, t_total, t_tile)]
         self.subtiles_of = [_subtiles(x0, width, plan.tile(r_side)) for _, x0, width in jobs]
         self.uses = self.step_uses()
+        self.pe_total = self.uses[-1][-1][0] + self.uses[-1][-1][1] * self.k_tiles
         first: dict[int, int] = {}
         for i, (j, _, _) in enumerate(self.steps):
             first.setdefault(j, i)
@@ -319,20 +325,18 @@ class _Emitter:
                 loads.append(streamed[i + 1])
             _emit_by_use(loads)
             if j + 1 in panels:
-                nxt = panels[j + 1]
-                nxt.advance(nxt.emitted + math.ceil((nxt.nbytes - nxt.emitted) / left[j]))
+                successor = panels[j + 1]
+                successor.advance(successor.emitted + math.ceil((successor.nbytes - successor.emitted) / left[j]))
             left[j] -= 1
             for b, blk in enumerate(panel.blocks):
-                # the next block's epilogue operands load while this one computes
-                nxt = (i, b + 1) if b + 1 < len(panel.blocks) else (i + 1, 0)
-                if nxt[0] < len(self.steps):
-                    _emit_by_use(self.epilogue_loads(*nxt))
+                ahead = (i, b + 1) if b + 1 < len(panel.blocks) else (i + 1, 0)
+                if self.loads and ahead[0] < len(self.steps):    # the next block's epilogue operands load now
+                    self.block_operands(*ahead)
                 # the kernel's last block goes one sub-tile at a time: the tail after the last matmul is then the
-                # evacuation and store of one sub-tile; stores before it are small, so none holds it up
-                tail = i + 1 == len(self.steps) and b + 2 >= len(panel.blocks)
-                last = tail and b + 1 == len(panel.blocks)
+                # evacuation and store of one sub-tile
+                last = i + 1 == len(self.steps) and b + 1 == len(panel.blocks)
                 for part in [[r] for r in blk] if last and self.plan.orientation == "m" else [blk]:
-                    self.block(i, b, part, panel, streamed[i], tail)
+                    self.block(i, b, part, panel, streamed[i])
             streamed.pop(i)
             self.forget(i)
 
@@ -363,7 +367,8 @@ class _Emitter:
         return _Region(self, self.plan.streamed, index, t_cols, self.uses[i][0])
 
     def epilogue_loads(self, i: int, b: int) -> list[_Later]:
-        """The epilogue operand loads of block b of step i, due at its evacuation less their transfer time."""
+        """The epilogue operand loads of block b of step i for `_emit_by_use`, due at its evacuation less their
+        transfer time."""
         if not self.loads:
             return []
         (_, _, (_, t_width)), (t0, per_kt) = self.steps[i], self.uses[i][b]
@@ -372,9 +377,9 @@ class _Emitter:
         seconds = sum(full) * t_width * self.plan.tile(self.plan.resident) * BLOCK_TILES / rate
         return [_Later(t0 + per_kt * self.k_tiles - seconds, lambda: self.block_operands(i, b))]
 
-    def block(self, i: int, b: int, part: list[int], panel: _Panel, streamed: _Region, tail: bool) -> None:
+    def block(self, i: int, b: int, part: list[int], panel: _Panel, streamed: _Region) -> None:
         """Sub-tiles `part` of block b of step i against the streamed tile, k outermost, then evacuated and
-        stored; stores in the tail's small pieces when `tail`."""
+        stored."""
         _, index, t_cols = self.steps[i]
         subtiles = [panel.subtiles[r] for r in part]
         tile = self.plan.tile(self.plan.resident)
@@ -396,7 +401,7 @@ class _Emitter:
         first = panel.blocks[b][0]
         self.accumulate(pairs, dsts, lambda: [self.block_operands(i, b)[r - first] if self.loads else {} for r in part])
         for store in stores:
-            self.store(*store, self.store_bytes(store[0], self.uses[i][b][1] * self.k_tiles, tail))
+            self.store(*store, self.store_bytes(store[0], self.uses[i][b][1] * self.k_tiles))
 
     def accumulate(self, pairs, dsts: list[Tile], operands: Callable[[], list[dict]]) -> None:
         """One accumulation group per output tile (its own PSUM bank), all of them k-tile by k-tile; then each
@@ -425,16 +430,18 @@ class _Emitter:
         tiles = [(index, (m0, min(plan.m_tile, gemm.m - m0)), (n0, min(plan.n_tile, gemm.n - n0)))
                  for index in batch_indices(gemm.batch) for n0 in range(0, gemm.n, plan.n_tile)
                  for m0 in range(0, gemm.m, plan.m_tile)]
-        for t, (index, m_cols, n_cols) in enumerate(tiles):
+        shapes = [self.out_shape(m_cols, n_cols) for _, m_cols, n_cols in tiles]
+        per_kt = [self.pe_seconds(p, w) for p, (w,) in shapes]
+        self.pe_total = self.k_tiles * sum(per_kt)
+        for (index, m_cols, n_cols), seconds in zip(tiles, per_kt):
             out = self.kb.sbuf(self.name("out"), gemm.out.dtype, *self.out_shape(m_cols, n_cols))
-            use = (self.clock, self.pe_seconds(out.partitions, out.free_size))
+            use = (self.clock, seconds)
             a, b = _Region(self, "a", index, m_cols, use, False), _Region(self, "b", index, n_cols, use, False)
             box = (*((i, 1) for i in index), m_cols, n_cols)
             self.accumulate([((a, 0, m_cols[1]), (b, 0, n_cols[1]))], [out], lambda: [
                 {node: load_operand(self.kb, view, self.pdim, box, self.name(f"e{node.name}_"))
                  for node, view in self.loads.items()}])
-            size = self.store_bytes(out, use[1] * self.k_tiles, t + 1 == len(tiles))
-            self.store(*self.plain_store(out, index, m_cols, n_cols), size)
+            self.store(*self.plain_store(out, index, m_cols, n_cols), self.store_bytes(out, use[1] * self.k_tiles))
 
     def mn_cols(self, t_cols: Cols, r_cols: Cols) -> tuple[Cols, Cols]:
         return (t_cols, r_cols) if self.plan.resident == "b" else (r_cols, t_cols)
@@ -495,19 +502,19 @@ class _Emitter:
                 result[r][node] = op
         return result
 
-    def store_bytes(self, tile: Tile, seconds: float, last: bool) -> int:
-        """Bytes per store DMA of `tile`, computed in `seconds` of TensorE. The kernel's last tile goes out in
-        one wave over the queues (the tail). With N on the partitions, a store writes M rows across the
-        columns of the next tile's store, which the scheduler orders after it: pieces of one row group
-        then form a chain, so each piece takes at most CHAIN_SHARE of `seconds` on its queue."""
-        total = tile.partitions * tile.free_size * tile.dtype.itemsize
-        if last:
-            return max(TAIL_BYTES, total // DMA_QUEUES)
-        if self.plan.orientation == "m":
-            return STORE_BYTES
+    def store_bytes(self, tile: Tile, seconds: float) -> int:
+        """Bytes per store DMA of `tile`, whose block took `seconds` of TensorE, stored at the PE clock: at most
+        SLACK_SHARE of the TensorE time left in the kernel on one queue (a store must not outlast the kernel
+        by much), at least one wave over the queues. With N on the partitions, a store writes M rows across
+        the columns of the next block's store, which the scheduler orders after it: the pieces of a row
+        group form a chain, so each also takes at most CHAIN_SHARE of `seconds` on its queue."""
         hw = self.kb.hw
-        chain = (CHAIN_SHARE * seconds - hw.dma_fixed_ns * 1e-9) * hw.dma_queue_bytes_per_ns * 1e9
-        return int(min(STORE_BYTES, max(TAIL_BYTES, chain)))
+        total = tile.partitions * tile.free_size * tile.dtype.itemsize
+        size = STORE_BYTES
+        if self.plan.orientation == "n":
+            size = min(size, (CHAIN_SHARE * seconds - hw.dma_fixed_ns * 1e-9) * hw.dma_queue_bytes_per_ns * 1e9)
+        size = min(size, SLACK_SHARE * (self.pe_total - self.clock) * hw.dma_queue_bytes_per_ns * 1e9)
+        return int(max(size, TAIL_BYTES, total / DMA_QUEUES))
 
     def store(self, tile: Tile, view: HbmView, pdim: int, box, m_dim: int, m_axis: int, size: int) -> None:
         """DMA `tile` to the box of `view` in pieces of about `size` bytes, each whole rows of M (view dim

@@ -17,6 +17,10 @@ resident side and moving width by its modeled time; on ties b is resident (a^T t
 M, and consecutive stores cover disjoint rows of the output, see matmul.py). When K is so large
 that even two one-tile panels do not fit, the plan falls back to streaming both operands in k
 chunks per output tile (correct for any K, DMA bound).
+
+SBUF: the panels and the stream share what SBUF_RESERVE (output tiles, epilogue temporaries) and the
+epilogue inputs (_epilogue_bytes) leave, less a margin (SBUF_SHARE): allocate packs buffers of
+several sizes by liveness, and the gaps between them are not all usable.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ STREAM_DEPTH = 4             # streamed tiles in SBUF at once: one computing, th
 MOVING_WIDTHS = (512, 256, 128)  # moving tile widths to try, widest (fewest instructions) first
 DMA_SHARE = 0.5              # a plan is good when its loads need at most this share of the TensorE time
 SBUF_RESERVE = 32 * 1024     # bytes per partition kept for output and epilogue tiles
+SBUF_SHARE = 0.95            # of the rest, the share operands may plan on: allocation leaves gaps
 BLOCK_TILES = 4              # output tiles accumulated together (k outermost): half the 8 PSUM banks
 
 
@@ -118,15 +123,6 @@ def choose_orientation(gemm: Gemm) -> str:
 
 
 @dataclass(frozen=True)
-class Chunk:
-    """k-tiles [t0, t0 + count) of an operand, `rows` partitions each (128, or K % 128 for the last)."""
-
-    t0: int
-    count: int
-    rows: int
-
-
-@dataclass(frozen=True)
 class Plan:
     """How to tile one GEMM. m_tile/n_tile: M and N columns per matmul (the stationary or moving
     width by the orientation); resident: "a" or "b", the side kept in panels of `panel` columns
@@ -169,14 +165,15 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig) -> P
 
     Candidates: each side resident, moving tiles of 512, 256 or 128 columns (all full rate: a
     matmul costs max(min(64, M), N) cycles for K*M*N MACs; narrower ones leave SBUF for wider
-    panels), the deepest stream that leaves room for a panel. Each is scored by its modeled time,
+    panels), the deepest stream that leaves room for a panel beside the epilogue's inputs. Each is
+    scored by its modeled time,
     max(TensorE time, DMA time / DMA_SHARE); ties go to wider moving tiles (fewer instructions),
     then to b resident (stores of consecutive tiles in disjoint rows).
     """
     xs, xv = (gemm.m, gemm.n) if orientation == "m" else (gemm.n, gemm.m)
     k_tiles = math.ceil(gemm.k / PARTITIONS)
     column = k_tiles * dtype_bytes                      # bytes per partition of one [K, 1] column
-    budget = hw.sbuf_bytes_per_partition - SBUF_RESERVE
+    budget = int((hw.sbuf_bytes_per_partition - SBUF_RESERVE) * SBUF_SHARE)
     fp32 = 4 if dtype_bytes == 4 else 1
     pe_seconds = pe_cycles(gemm, orientation) * fp32 / hw.clock_hz["pe"]
     rate = DMA_QUEUES * hw.dma_queue_bytes_per_ns * 1e9      # bytes per second of all DMA queues

@@ -249,11 +249,24 @@ PLANS = [
 
 @pytest.mark.parametrize("a_shape,b_shape,plan", PLANS)
 def test_emission_paths(monkeypatch, a_shape, b_shape, plan):
+    """Every plan with an epilogue of a per-column bias and a full residual: the operands of each block
+    (shared by a panel's steps or per step, full or narrower sub-tiles) meet the right output elements."""
     monkeypatch.setattr(matmul, "make_plan", lambda *args: plan)
     a_np, b_np = randn(*a_shape), randn(*b_shape)
     a, b = harness.inp(0, a_shape, F32), harness.inp(1, b_shape, F32)
-    out, _ = run([a, b], [a_np, b_np], [matmul_node(a, b)], compute=BF16, partition_dim=plan.orientation)
-    check(out, a_np, b_np, BF16)
+    mm = matmul_node(a, b)
+    bias_np, r_np = randn(mm.shape[-1]), randn(*mm.shape)
+    bias, r = harness.inp(2, bias_np.shape, F32), harness.inp(3, r_np.shape, F32)
+    biased = node("binary", [mm, bias], mm.shape, op="add")
+    res = node("binary", [biased, r], mm.shape, op="add")
+    out, _ = run([a, b, bias, r], [a_np, b_np, bias_np, r_np], [mm, biased, res], compute=BF16,
+                 partition_dim=plan.orientation)
+    a64, b64 = as_seen(a_np, BF16), as_seen(b_np, BF16)
+    exact = np.matmul(a64, b64)
+    n = a_shape[-1]     # the accumulation bound (as in check) plus a rounding for each of the two adds
+    bound = n * U / (1 - n * U) * np.matmul(np.abs(a64), np.abs(b64)) + 4 * U * (np.abs(exact) + np.abs(bias_np) +
+                                                                                 np.abs(r_np))
+    assert np.all(np.abs(out - (exact + bias_np + r_np)) <= bound)
 
 
 def store_ranges(state) -> list[tuple[int, int]]:
