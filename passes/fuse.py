@@ -35,7 +35,7 @@ def fuse(graph: ir.Graph) -> Counter:
         if n.op in ir.OPS_SOURCE:
             continue
         kind = KIND_OF[n.op]
-        target = _fusion_target(n, kind, kernels, kernel_of, users) if kind == "elementwise" else None
+        target = _fusion_target(n, kernels, kernel_of, users) if kind == "elementwise" else None
         if target is None:
             kernels.append(ir.Kernel(kind, [n]))
             kernel_of[n] = len(kernels) - 1
@@ -48,7 +48,7 @@ def fuse(graph: ir.Graph) -> Counter:
     return stats
 
 
-def _fusion_target(n, kind, kernels, kernel_of, users) -> int | None:
+def _fusion_target(n, kernels, kernel_of, users) -> int | None:
     for p in n.inputs:
         k = kernel_of.get(p)
         if k is None or kernels[k].kind not in FUSIBLE_INTO or kernels[k].output is not p:

@@ -16,9 +16,9 @@ from trnc import ir
 from trnc.isa import cost
 from trnc.isa.ap import Engine
 from trnc.isa.config import DMA_QUEUES, HwConfig
-from trnc.isa.program import Instruction, TensorKind
+from trnc.isa.program import TensorKind
 from trnc.passes import kernels
-from trnc.passes.tiles import KernelBuilder, Tile, TileProgram
+from trnc.passes.tiles import KernelBuilder, TileProgram
 
 VECTOR_ENGINES = 3
 
@@ -44,8 +44,7 @@ def estimate(kernel: ir.Kernel, layout, hw: HwConfig) -> float:
         b.offset = 0
     busy = {"pe": 0.0, "vector": 0.0, "dma": 0.0}
     for t in tp.instrs:
-        fields = {k: (v.ap() if isinstance(v, Tile) else v) for k, v in t.fields.items()}
-        ins = Instruction.make(t.opcode, t.engines[0], **fields)
+        ins = t.instruction()
         seconds = cost.seconds(ins, hw)
         cls = {Engine.PE: "pe", Engine.DMA: "dma"}.get(ins.engine, "vector")
         busy[cls] += seconds

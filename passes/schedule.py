@@ -21,7 +21,7 @@ from trnc.isa.ap import Engine, Mem
 from trnc.isa.config import DMA_QUEUES
 from trnc.isa.races import footprint, footprints_overlap
 from trnc.isa.program import Instruction
-from trnc.passes.tiles import Tile, TileProgram
+from trnc.passes.tiles import TileProgram
 
 COMPUTE = (Engine.PE, Engine.ACT, Engine.DVE, Engine.POOL)
 NQ = len(COMPUTE) + DMA_QUEUES
@@ -72,10 +72,6 @@ class _Memory:
             (self.writes if write else self.reads)[bucket].append((box, index))
 
 
-def _concrete(fields: dict) -> dict:
-    return {k: (v.ap() if isinstance(v, Tile) else v) for k, v in fields.items()}
-
-
 def schedule(program: TileProgram) -> tuple[list[Instruction], dict]:
     hw = program.hw
     free_at = [0.0] * NQ          # estimated time each queue is free
@@ -87,8 +83,7 @@ def schedule(program: TileProgram) -> tuple[list[Instruction], dict]:
     needs: list[dict[int, int]] = []
     built: list[Instruction] = []
     for index, tins in enumerate(program.instrs):
-        fields = _concrete(tins.fields)
-        first = Instruction.make(tins.opcode, tins.engines[0], **fields)
+        first = tins.instruction()
         boxes = [(footprint(ap), write) for _, ap, write in first.operands()]
         deps: set[int] = set()
         for box, write in boxes:

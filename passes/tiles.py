@@ -19,7 +19,7 @@ from trnc.isa.ap import AP, MAX_COUNT, MAX_FREE_DIMS, Engine, Mem
 from trnc.isa.config import PARTITIONS, PSUM_BANK_BYTES, HwConfig
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import opspec
-from trnc.isa.program import TensorDecl, TensorKind
+from trnc.isa.program import Instruction, TensorDecl, TensorKind
 
 
 @dataclass(eq=False)
@@ -217,6 +217,12 @@ class TileInstr:
         engines = "|".join(e.text for e in self.engines)
         args = " ".join(f"{k}={show(v)}" for k, v in self.fields.items() if v is not None)
         return f"{self.opcode}.{engines} {args}"
+
+
+    def instruction(self, engine: Engine | None = None, queue: int = 0) -> Instruction:
+        """The isa Instruction once buffers have addresses (engine defaults to the first allowed)."""
+        fields = {k: (v.ap() if isinstance(v, Tile) else v) for k, v in self.fields.items()}
+        return Instruction.make(self.opcode, engine or self.engines[0], queue=queue, **fields)
 
 
 @dataclass
