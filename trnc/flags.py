@@ -32,6 +32,15 @@ def _path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return text.lower()
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
@@ -53,7 +62,9 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("TRNC_CACHE_DIR", _path, _default_cache_dir,
          "directory of the JIT's disk cache of compiled kernels; default $XDG_CACHE_HOME/trnc or ~/.cache/trnc"),
     Flag("TRNC_CACHE", _bool, lambda: True,
-         "1 (default): the JIT keeps compiled kernels on disk and reuses them; 0: memory only"),
+         "1 (default): compiled kernels and compiled models are kept on disk and reused; 0: memory only"),
+    Flag("TRNC_LOG", _level, lambda: "warning",
+         "log level of the `trnc` logger: debug, info, warning (default) or error; debug also shows tracebacks"),
     Flag("TRNC_PRINT_AFTER", _names, tuple,
          "comma-separated pass names (or all): print the IR, tile program or assembly after each; default none"),
     Flag("TRNC_ASSERT_CACHED", _bool, lambda: False,
