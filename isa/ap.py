@@ -18,6 +18,7 @@ from trnc.isa.dtypes import DType
 MAX_FREE_DIMS = 4
 MAX_COUNT = 65535        # free-dim counts are 16-bit (neuroncore.md 3, "Free-dim AP": size uint16)
 STRIDE_LIMIT = 2**31     # |stride| and |partition_stride| in elements stay below this (int32)
+MAX_AP_ELEMENTS = 2**32  # elements one operand may span (partitions x free counts): bounds any instruction's work
 
 
 class Mem(enum.IntEnum):

@@ -21,7 +21,7 @@ from numbers import Integral, Real
 
 from trnc.errors import VerifyError
 from trnc.isa import races
-from trnc.isa.ap import AP, MAX_COUNT, MAX_FREE_DIMS, STRIDE_LIMIT, Engine, Mem
+from trnc.isa.ap import AP, MAX_AP_ELEMENTS, MAX_COUNT, MAX_FREE_DIMS, STRIDE_LIMIT, Engine, Mem
 from trnc.isa.config import DMA_QUEUES, MOVING_FMAX, PE_COLUMNS, TARGETS, HwConfig, get_target
 from trnc.isa.dtypes import MATMUL_DTYPES, MX_BLOCK, MX_FORMATS, DType
 from trnc.isa.enums import COMPARISONS, AluOp, Rounding
@@ -147,6 +147,9 @@ def _ap_form(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Ite
         if write and stride == 0 and count > 1:
             yield "ap-form", (f"{name}: written with stride 0 over {count} elements of free dim {j}; "
                               "only read operands may repeat an element")
+    if ap.num_elements > MAX_AP_ELEMENTS:
+        yield "ap-form", (f"{name}: spans {ap.num_elements} elements ({ap.partitions} partitions x {_fsize(ap)}); "
+                          f"at most 2^32, so every instruction's work is bounded")
     if ap.offset < 0 or ap.offset % isz:
         yield "ap-form", f"{name}: byte offset {ap.offset} must be >= 0 and a multiple of {isz} ({ap.dtype.text})"
     if ap.mem is Mem.HBM:

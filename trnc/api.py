@@ -1,11 +1,15 @@
 """trnc.compile and CompiledModel: the library entry point from a PyTorch model to a runnable, profiled program.
 
-compile() captures the model (trnc/capture.py), runs the pass pipeline (passes/pipeline.py), and
-models the program's time (runtime/perf.py). The CompiledModel is called like the model: torch
-tensors in, the model's output structure out, executed by the JIT (or the numpy reference).
+compile() captures the model (trnc/capture.py), looks the captured graph up in the compile cache
+(trnc/compile_cache.py), and on a miss runs the pass pipeline (passes/pipeline.py), models the
+program's time (runtime/perf.py) and stores the result. The CompiledModel is called like the model:
+torch tensors in, the model's output structure out, executed by the JIT (or the numpy reference).
+On a terminal each step shows on one progress line (trnc/progress.py); the `trnc.api` logger says
+at INFO what was compiled and how, and at DEBUG each step's time and the cache entry.
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -13,13 +17,16 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from trnc import compile_cache, flags
 from trnc.capture import capture
 from trnc.errors import TrncError
 from trnc.isa.config import TARGETS, get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.program import Program, TensorKind
-from trnc.passes.pipeline import CompileState, Options, run_pipeline
+from trnc.log import get_logger
+from trnc.passes.pipeline import PASS_NAMES, CompileState, Options, run_pipeline
 from trnc.passes.precision import AUTO_CAST
+from trnc.progress import Progress
 from trnc.runtime import perf, reference
 
 PRECISIONS = ("fp32", "bf16")
@@ -40,24 +47,101 @@ def _options(precision: str, target: str, auto_cast: str | None) -> Options:
 
 
 def compile(model, example_inputs, *, precision: str = "fp32", target: str = "trn2", auto_cast: str | None = None,
-            example_kwargs: dict | None = None, print_after=(), verify: bool = True) -> "CompiledModel":
+            example_kwargs: dict | None = None, print_after=(), verify: bool = True,
+            cache: bool = True) -> "CompiledModel":
     """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
 
     precision: "fp32" or "bf16" (the type auto_cast casts to). auto_cast: "none", "matmult" (default
     for bf16: matmul operands) or "all" (every intermediate value). target: "trn1", "trn2", "trn3".
+    cache: reuse and fill the compile cache on disk (trnc/compile_cache.py); False, TRNC_CACHE=0 or a
+    print_after request (the passes must run to print) compile without it. stats["cache"] says "hit",
+    "miss" or "off"; stats["compile_seconds"] is the time of this call.
     """
     options = _options(precision, target, auto_cast)
-    start = time.perf_counter()
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
-    graph, info = capture(model, tuple(example_inputs), example_kwargs)
-    capture_seconds = time.perf_counter() - start
-    state = CompileState(graph, options, get_target(target))
-    times = run_pipeline(state, print_after=print_after, verify=verify)
-    times = {"capture": capture_seconds, **times}
-    compiled = CompiledModel(state.program, state.tiles.constants, info, options)
-    compiled.stats.update(compiled_stats(state, times, compiled.perf))
+    start = time.perf_counter()
+    printing = bool(print_after) or bool(flags.get("TRNC_PRINT_AFTER"))
+    models = compile_cache.open_cache(cache and not printing)
+    steps = 2 + len(PASS_NAMES) + (2 if models else 0)     # capture, [key], passes, perf model, [store]
+    # the progress line stays off when DEBUG lines or printed IR would interleave with it
+    debug = get_logger(__name__).isEnabledFor(logging.DEBUG)
+    with Progress(steps, enabled=not (printing or debug)) as progress:
+        times: dict[str, float] = {}
+        graph, info = _step(progress, times, "capture", capture, model, tuple(example_inputs), example_kwargs)
+        key = _step(progress, times, "cache-key", _cache_key, models, graph, options) if models else None
+        compiled = None
+        if key is not None and models.has(key):
+            progress.total = len(times) + 1
+            compiled = _step(progress, times, "cache-load", models.lookup, key)
+        if compiled is not None:
+            compiled.info = info            # the caller's own capture: the same call and output structure
+            stored = compiled.stats
+            stored["cached_compile_seconds"] = stored.pop("compile_seconds", None)
+            stored["cached_pass_seconds"] = stored.pop("pass_seconds", {})
+            status = "hit"
+        else:
+            progress.total = len(times) + len(PASS_NAMES) + 1 + (key is not None)
+            compiled = _run_passes(graph, info, options, progress, times, print_after, verify)
+            status = "off" if key is None else "miss"
+            if key is not None:
+                compiled.stats.update(compile_seconds=time.perf_counter() - start, pass_seconds=dict(times))
+                _step(progress, times, "cache-store", models.store, key, compiled)
+    compiled.stats.update(cache=status, compile_seconds=time.perf_counter() - start, pass_seconds=times)
+    _log_compile(model, options, compiled.stats)
     return compiled
+
+
+def _step(progress: Progress, times: dict[str, float], name: str, fn, *args):
+    """Run one step of compile under the progress line; its seconds go to times[name]."""
+    progress.begin(name)
+    result = fn(*args)
+    times[name] = progress.end()
+    get_logger(__name__).debug("%s: %.3f s", name, times[name])
+    return result
+
+
+def _cache_key(models: compile_cache.ModelCache, graph, options: Options) -> str | None:
+    log = get_logger(__name__)
+    try:
+        key = compile_cache.graph_key(graph, options)
+    except compile_cache.Uncacheable as e:
+        log.debug("compile cache: not used for this model: %s", e)
+        return None
+    log.debug("compile cache key %s, entry %s (%s)", key, models.path(key),
+              "present" if models.has(key) else "absent")
+    return key
+
+
+def _run_passes(graph, info, options: Options, progress: Progress, times: dict[str, float], print_after,
+                verify: bool) -> "CompiledModel":
+    """The pass pipeline, one progress step per pass (run_pipeline reports each pass as it ends), then the model."""
+    state = CompileState(graph, options, get_target(options.target))
+    log = get_logger(__name__)
+    following = iter(PASS_NAMES[1:])
+
+    def on_pass(name: str, seconds: float) -> None:
+        progress.end(seconds)
+        log.debug("pass %s: %.3f s", name, seconds)
+        upcoming = next(following, None)
+        if upcoming is not None:
+            progress.begin(upcoming)
+
+    progress.begin(PASS_NAMES[0])
+    times.update(run_pipeline(state, print_after=print_after, verify=verify, on_pass=on_pass))
+
+    def model() -> CompiledModel:
+        compiled = CompiledModel(state.program, state.tiles.constants, info, options)
+        compiled.stats.update(compiled_stats(state, compiled.perf))
+        return compiled
+    return _step(progress, times, "perf-model", model)
+
+
+def _log_compile(model, options: Options, stats: dict) -> None:
+    get_logger(__name__).info(
+        "compiled %s (precision=%s auto_cast=%s target=%s): cache %s, %.2f s, %d instructions, modeled %.2f us",
+        type(model).__name__, options.precision, options.auto_cast, options.target, stats["cache"],
+        stats["compile_seconds"], stats["instructions"], stats["seconds"] * 1e6)
 
 
 def model_pe_seconds(graph, hw) -> tuple[int, float]:
@@ -80,13 +164,12 @@ def model_pe_seconds(graph, hw) -> tuple[int, float]:
     return macs, seconds
 
 
-def compiled_stats(state: CompileState, times: dict[str, float], report) -> dict:
+def compiled_stats(state: CompileState, report) -> dict:
     """Compile-side stats, and the efficiency against the model's roofline (not the executed MACs')."""
     alloc = state.stats.get("allocate", {})
     macs, pe_seconds = model_pe_seconds(state.graph, state.hw)
     roofline = max(pe_seconds, report.roofline_hbm_seconds)
-    return {"compile_seconds": sum(times.values()), "pass_seconds": times,
-            "sbuf_peak_bytes": alloc.get("sbuf_peak_bytes", 0), "psum_peak_bytes": alloc.get("psum_peak_bytes", 0),
+    return {"sbuf_peak_bytes": alloc.get("sbuf_peak_bytes", 0), "psum_peak_bytes": alloc.get("psum_peak_bytes", 0),
             "kernels": len(state.graph.kernels or ()), "model_macs": macs,
             "roofline_seconds": roofline, "roofline_cycles": roofline * state.hw.clock_hz["pe"],
             "efficiency": roofline / report.total_seconds if report.total_ticks else 0.0}
@@ -108,9 +191,11 @@ def _to_torch(a: np.ndarray, dtype: DType, torch_dtype: torch.dtype) -> torch.Te
 
 
 class CompiledModel:
-    """A compiled model: call it like the model. `.program` is the isa.Program, `.stats` its counters."""
+    """A compiled model: call it like the model. `.program` is the isa.Program, `.stats` its counters,
+    `.perf` the performance model's report (computed on first use when the stats came with the program)."""
 
-    def __init__(self, program: Program, constants: dict[str, np.ndarray], info, options: Options):
+    def __init__(self, program: Program, constants: dict[str, np.ndarray], info, options: Options,
+                 stats: dict | None = None):
         self.program = program
         self.constants = constants
         self.info = info
@@ -118,11 +203,17 @@ class CompiledModel:
         self.inputs = program.tensors_of(TensorKind.INPUT)
         self.outputs = program.tensors_of(TensorKind.OUTPUT)
         self._jit = None
-        self.stats = self._perf_stats()
+        self._perf = None
+        self.stats = dict(stats) if stats is not None else self._perf_stats()
+
+    @property
+    def perf(self) -> perf.PerfReport:
+        if self._perf is None:
+            self._perf = perf.simulate(self.program, get_target(self.program.target), verified=True)
+        return self._perf
 
     def _perf_stats(self) -> dict:
-        report = perf.simulate(self.program, get_target(self.program.target), verified=True)
-        self.perf = report
+        report = self.perf
         pe_hz = get_target(self.program.target).clock_hz["pe"]
         busy = {name: q.busy_cycles / q.clock_hz for name, q in report.queues.items()}
         engine_busy = {e: busy.get(e, 0.0) for e in ("pe", "act", "dve", "pool")}

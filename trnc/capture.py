@@ -13,10 +13,13 @@ nodes in flattened call order. CaptureInfo keeps what the API needs to call and 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import operator
 import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ from trnc import ir
 from trnc.errors import TrncError, UnsupportedOpError
 from trnc.interpret import array_of
 from trnc.isa.dtypes import DType
+from trnc.log import get_logger
 
 # torch dtype -> machine dtype; the machine has no 64-bit types, so int64 indices are int32 (the API casts
 # inputs at call time) and float64 computes in fp32 like every other float; bool is uint8 0/1
@@ -213,9 +217,15 @@ def _user_frame(error: Exception) -> str:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, decompose: bool | None):
+    # On a failed trace torch prints the partial graph to stderr; the TrncError below sums it up, so it is
+    # held back and logged at debug level. Whatever the model itself prints passes on once the trace succeeds.
+    held = io.StringIO()
     try:
-        ep = torch.export.export(model, args, kwargs, strict=False)
+        with contextlib.redirect_stderr(held):
+            ep = torch.export.export(model, args, kwargs, strict=False)
+        sys.stderr.write(held.getvalue())
     except Exception as e:  # torch raises many types; the user needs its reason, their line and our hint
+        get_logger(__name__).debug("torch.export printed:\n%s", held.getvalue())
         reason = "\n  ".join([line for line in str(e).strip().splitlines() if line.strip()][:5])
         raise TrncError(f"torch.export could not trace the model{_user_frame(e)}: {type(e).__name__}: {reason}\n"
                         f"{EXPORT_HINT}") from e

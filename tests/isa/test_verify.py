@@ -209,6 +209,7 @@ def test_queue(ins, words):
      ["bf16 differs from tensor 'x' (fp32)"]),
     (with_fields(op("memset"), dst=sb(64, [(0, 2)], off=9000)), ["stride 0", "read operands"]),
     (with_fields(op("dma_copy", 1), dst=hbm(2, 64, [(1, 64)], 0)), ["partition stride 0"]),
+    (with_fields(op("tensor_reduce"), src=sb(128, [(0, 65535)] * 4)), ["spans", "at most 2^32"]),  # hangs if run
 ])
 def test_ap_form(ins, words):
     expect(broken(ins), "ap-form", 2, *words)

@@ -1,6 +1,7 @@
-"""Subcommands on ISA programs: asm, verify, disasm and run (through the reference interpreter).
+"""Subcommands on ISA programs: asm, verify, disasm, run and profile (through the JIT or the reference).
 
-A program file is assembly text, or the binary encoding (recognised by its magic bytes).
+A program file is assembly text, or the binary encoding (recognised by its magic bytes). disasm,
+run and profile also take a .trnc artifact (recognised by its magic): they hand it to artifact_cmds.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trnc.cli import artifact_cmds
 from trnc.errors import TrncError
 from trnc.isa import asm, cost, decoding, encoding, verify
 from trnc.isa.config import get_target
@@ -23,8 +25,8 @@ def load_program(path: str) -> Program:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise TrncError(f"{path}: neither trnc assembly text (not UTF-8) nor a binary program "
-                        f"(no {encoding.MAGIC!r} magic)") from None
+        raise TrncError(f"{path}: neither trnc assembly text (not UTF-8), a binary program (no {encoding.MAGIC!r} "
+                        "magic) nor a .trnc artifact") from None
     return asm.parse_program(text)
 
 
@@ -51,7 +53,11 @@ def drive_verify(args) -> int:
 
 
 def drive_disasm(args) -> int:
-    sys.stdout.write(asm.format_program(load_program(args.file)))
+    if artifact_cmds.is_artifact(args.file):
+        program = artifact_cmds.load(args.file).program
+    else:
+        program = load_program(args.file)
+    sys.stdout.write(asm.format_program(program))
     return 0
 
 
@@ -93,8 +99,13 @@ def _load_inputs(program: Program, specs: list[str], seed: int) -> dict[str, np.
 def drive_run(args) -> int:
     import time
 
-    from trnc.runtime import perf, reference, trace
+    from trnc.runtime import perf, reference
     from trnc.runtime.jit import executor
+    if artifact_cmds.is_artifact(args.file):   # a compiled model: inputs by position, outputs by structure
+        return artifact_cmds.drive_run(args)
+    if args.inputs:
+        raise TrncError(f"{args.file} is an ISA program: name its inputs with --input NAME=FILE.npy "
+                        "(--inputs in order is for .trnc artifacts)")
     program = load_program(args.file)
     verify.verify(program)
     hw = get_target(program.target)
@@ -115,8 +126,7 @@ def drive_run(args) -> int:
     print()
     print(report.table())
     if args.trace:
-        trace.write_chrome_trace(args.trace, program, report, hw)
-        print(f"trace: {args.trace} (load it in ui.perfetto.dev or chrome://tracing)")
+        artifact_cmds.write_trace(args.trace, program, report)
     print(f"\noutputs ({args.engine}, host time {host_seconds * 1e3:.2f} ms including compilation):")
     for name, value in outputs.items():
         as_f64 = value.astype(np.float64)
@@ -125,6 +135,19 @@ def drive_run(args) -> int:
         if args.save_outputs:
             Path(args.save_outputs).mkdir(parents=True, exist_ok=True)
             np.save(Path(args.save_outputs) / f"{name}.npy", value)
+    return 0
+
+
+def drive_profile(args) -> int:
+    from trnc.runtime import perf
+    if artifact_cmds.is_artifact(args.file):
+        return artifact_cmds.drive_profile(args)
+    program = load_program(args.file)
+    verify.verify(program)
+    report = perf.simulate(program, get_target(program.target), verified=True)
+    print(report.table())
+    if args.trace:
+        artifact_cmds.write_trace(args.trace, program, report)
     return 0
 
 
@@ -141,23 +164,38 @@ def add_parsers(sub) -> None:
     p.add_argument("file", help="assembly text or binary program.")
     p.set_defaults(drive=drive_verify)
 
-    p = sub.add_parser("disasm", help="print a program as assembly text.",
-                       formatter_class=fmt, epilog="example:\n  trnc disasm gemm.bin")
-    p.add_argument("file", help="binary program (or assembly text, re-printed canonically).")
+    p = sub.add_parser("disasm", help="print a program or the program of a .trnc artifact as assembly text.",
+                       formatter_class=fmt, epilog="example:\n  trnc disasm gemm.bin\n  trnc disasm mlp.trnc")
+    p.add_argument("file", help="binary program, .trnc artifact (or assembly text, re-printed canonically).")
     p.set_defaults(drive=drive_disasm)
 
-    p = sub.add_parser("run", help="run a program (JIT or reference interpreter) and print its modeled "
-                                   "timeline and counters.",
+    p = sub.add_parser("run", help="run a program or a .trnc artifact (JIT or reference interpreter) and print "
+                                   "its outputs, host time and modeled time.",
                        formatter_class=fmt,
-                       epilog="example:\n  trnc run examples/gemm.s --input a=a.npy --save-outputs out/")
-    p.add_argument("file", help="assembly text or binary program.")
+                       epilog="An ISA program also prints its modeled timeline and counters. An artifact takes\n"
+                              "its inputs in the model's order (float .npy files are rounded to the recorded\n"
+                              "dtype, e.g. bf16); without --inputs, floats are standard normal and integers\n"
+                              "are drawn from [0, 2), so token ids stay inside any embedding table.\n\n"
+                              "example:\n  trnc run examples/gemm.s --input a=a.npy --save-outputs out/\n"
+                              "  trnc run mlp.trnc --inputs x.npy --save-outputs out/")
+    p.add_argument("file", help="assembly text, binary program or .trnc artifact.")
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="value of an input tensor; others are random (standard normal). Repeatable.")
+                   help="ISA programs: value of an input tensor; others are random (standard normal). Repeatable.")
+    p.add_argument("--inputs", nargs="+", metavar="FILE.npy",
+                   help="artifacts: one .npy file per model input, in the model's input order.")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs. Defaults to 0.")
     p.add_argument("--fill-nan", action="store_true",
-                   help="start SBUF and PSUM as NaN bytes so reads of uninitialised memory show.")
+                   help="ISA programs: start SBUF and PSUM as NaN bytes so reads of uninitialised memory show.")
     p.add_argument("--save-outputs", metavar="DIR", help="write each output tensor to DIR/NAME.npy.")
     p.add_argument("--engine", choices=("jit", "reference"), default="jit",
                    help="what executes the program: the llvmlite JIT or the numpy reference. Defaults to jit.")
-    p.add_argument("--trace", metavar="FILE.json", help="write the timeline as a Chrome/Perfetto trace.")
+    p.add_argument("--trace", metavar="FILE.json", help="write the modeled timeline as a Chrome/Perfetto trace.")
     p.set_defaults(drive=drive_run)
+
+    p = sub.add_parser("profile", help="print the modeled counters of a .trnc artifact or a program: time, "
+                                       "engine utilization, traffic, roofline and efficiency.",
+                       formatter_class=fmt, epilog="example:\n  trnc profile mlp.trnc --trace trace.json")
+    p.add_argument("file", help=".trnc artifact, assembly text or binary program.")
+    p.add_argument("--trace", metavar="FILE.json",
+                   help="write the timeline as a Chrome/Perfetto trace (open it in ui.perfetto.dev).")
+    p.set_defaults(drive=drive_profile)
