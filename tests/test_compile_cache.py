@@ -30,7 +30,7 @@ X = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
 
 @pytest.fixture
 def cache_dir(tmp_path):
-    with flags.override(TRNC_CACHE_DIR=tmp_path / "cache", TRNC_CACHE=True):
+    with flags.override(TRNC_CACHE_DIR=tmp_path / "cache", TRNC_CACHE=True, TRNC_COMPILE_CACHE=True):
         yield tmp_path / "cache" / "models"
 
 
@@ -107,6 +107,8 @@ def test_an_attribute_the_key_cannot_serialize_makes_the_graph_uncacheable():
 def test_cache_off_writes_nothing(cache_dir, capsys):
     model = mlp()
     with flags.override(TRNC_CACHE=False):
+        assert trnc.compile(model, (X,)).stats["cache"] == "off"
+    with flags.override(TRNC_COMPILE_CACHE=False):
         assert trnc.compile(model, (X,)).stats["cache"] == "off"
     assert trnc.compile(model, (X,), cache=False).stats["cache"] == "off"
     assert not cache_dir.parent.exists()
@@ -212,7 +214,8 @@ np.save({str(tmp_path / 'y.npy')!r}, compiled(x).numpy())
 from trnc.compile_cache import compiler_fingerprint
 print(compiled.stats["cache"], compiler_fingerprint())
 """
-    env = {**os.environ, "TRNC_CACHE_DIR": str(cache_dir.parent), "TRNC_CACHE": "1", "TRNC_LOG": "warning"}
+    env = {**os.environ, "TRNC_CACHE_DIR": str(cache_dir.parent), "TRNC_CACHE": "1", "TRNC_COMPILE_CACHE": "1",
+           "TRNC_LOG": "warning"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     status, fingerprint = out.stdout.split()

@@ -225,7 +225,8 @@ class ModelCache:
 
 
 def open_cache(enabled: bool = True) -> ModelCache | None:
-    """The model cache in TRNC_CACHE_DIR/models, or None when `enabled` is False or TRNC_CACHE=0."""
-    if not enabled or not flags.get("TRNC_CACHE"):
+    """The model cache in TRNC_CACHE_DIR/models, or None when `enabled` is False, TRNC_CACHE=0 or
+    TRNC_COMPILE_CACHE=0."""
+    if not enabled or not flags.get("TRNC_CACHE") or not flags.get("TRNC_COMPILE_CACHE"):
         return None
     return ModelCache(flags.get("TRNC_CACHE_DIR") / "models", MAX_ENTRIES, MAX_BYTES)

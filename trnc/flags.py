@@ -63,6 +63,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          "directory of the JIT's disk cache of compiled kernels; default $XDG_CACHE_HOME/trnc or ~/.cache/trnc"),
     Flag("TRNC_CACHE", _bool, lambda: True,
          "1 (default): compiled kernels and compiled models are kept on disk and reused; 0: memory only"),
+    Flag("TRNC_COMPILE_CACHE", _bool, lambda: True,
+         "1 (default): trnc.compile reuses compiled models from disk (unless TRNC_CACHE=0); 0: it always compiles"),
     Flag("TRNC_LOG", _level, lambda: "warning",
          "log level of the `trnc` logger: debug, info, warning (default) or error; debug also shows tracebacks"),
     Flag("TRNC_PRINT_AFTER", _names, tuple,
