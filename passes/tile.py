@@ -3,7 +3,10 @@
 Inputs, constants and outputs become INPUT, CONST and OUTPUT tensors; each kernel's result gets a
 SCRATCH tensor (or the OUTPUT tensor directly when it is a result of the model). Movement nodes
 that the strides allow (reshape, permute, expand, slice) become views at no cost; their consumers
-read through them. The lowering of each kernel kind lives in passes/kernels/.
+read through them. A matmul result that only matmuls and attentions read, all with its N dim on the
+partitions, is stored feature-major ([N, M]; feature_major). A matmul next to a row-wise kernel
+streams its rows in 128-row tiles (KernelBuilder.row_tiles), so the two overlap tile by tile. The
+lowering of each kernel kind lives in passes/kernels/.
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ from trnc.isa.program import TensorKind
 from trnc.passes import kernels
 from trnc.passes.kernels.movement import copy_view
 from trnc.passes.tiles import HbmView, KernelBuilder, TileProgram, contiguous_strides
+
+
+ROW_WISE = ("layer_norm", "softmax", "log_softmax")   # kernels that work in tiles of 128 rows
 
 
 def _safe(name: str) -> str:
@@ -61,6 +67,7 @@ class _Lowering:
         self.output_nodes = {n for n in self.graph.outputs}
         self.owned_outputs: dict[ir.Node, str] = {}
         self.users = self.graph.users()
+        self.kernel_of = {n: k for k in self.graph.kernels for n in k.nodes}
 
     def view(self, node: ir.Node) -> HbmView:
         if node not in self.views and node.op == "const":
@@ -102,6 +109,40 @@ class _Lowering:
             return view
         return self.result_tensor(node)
 
+    def next_to_rows(self, kernel: ir.Kernel) -> bool:
+        """Whether a kernel that reads the result of `kernel` or produces one of its inputs is row-wise."""
+        near = [self.kernel_of[i] for i in kernel.inputs if i in self.kernel_of]
+        near += [self.kernel_of[u] for u in self.users[kernel.output]]
+        return any(k.kind in ROW_WISE for k in near)
+
+    def feature_major(self, kernel: ir.Kernel) -> HbmView | None:
+        """Storage [N, *batch, M] for a matmul result [*batch, M, N] computed with N on the partitions, when
+        every kernel that reads it (through views) is a matmul or an attention, else None.
+
+        Those consumers read it with N on the partitions too (a matmul's contraction operand, an attention's
+        Q^T and K^T per head), so with N outermost both the producer's stores and the consumers' loads are
+        whole rows of the tensor. The schedule orders HBM accesses by their byte rows (isa/races.py
+        footprints): a load of some features then waits only for the stores of those features (the first
+        heads of an attention for the first column blocks of Q, K and V), where a transposed access, which
+        spans the rows of all the tokens it touches, would wait for every store of its producer."""
+        out = kernel.output
+        if kernel.kind != "matmul" or kernel.partition_dim != "n" or len(out.shape) < 2:
+            return None
+        todo = [out]
+        while todo:
+            node = todo.pop()
+            if node in self.output_nodes:
+                return None
+            for user in self.users[node]:
+                kind = self.kernel_of[user].kind if user in self.kernel_of else None
+                if kind == "movement" and user.op in ("reshape", "permute", "slice", "expand", "copy"):
+                    todo.append(user)
+                elif kind not in ("matmul", "attention"):
+                    return None
+        *lead, m, n = out.shape
+        storage = self.kb.tensor(f"t_{_safe(out.name)}_t", TensorKind.SCRATCH, out.dtype, (n, *lead, m))
+        return storage.permute((*range(1, len(out.shape)), 0))
+
     def run(self) -> TileProgram:
         for i, n in enumerate(self.graph.inputs):
             name = f"in{i}"
@@ -109,6 +150,7 @@ class _Lowering:
             self.tp.inputs.append(name)
         for k_index, kernel in enumerate(self.graph.kernels):
             self.kb.kernel = f"k{k_index}"
+            self.kb.row_tiles = self.next_to_rows(kernel)
             out = kernel.output
             ins = {n: self.view(n) for n in kernel.inputs}
             if out in self.views:   # a view its producer already wrote through (storage_for)
@@ -126,7 +168,7 @@ class _Lowering:
                 target = self.result_tensor(out)
                 copy_view(self.kb, view, target)
             else:
-                target = self.storage_for(out)
+                target = self.feature_major(kernel) or self.storage_for(out)
                 kernels.lowering(kernel.kind)(self.kb, kernel, ins, target)
             self.views[out] = target
         self.kb.kernel = "out"

@@ -251,6 +251,7 @@ class KernelBuilder:
     def __init__(self, program: TileProgram, kernel: str = ""):
         self.program = program
         self.kernel = kernel
+        self.row_tiles = False   # a neighbour of the kernel is row-wise (matmul_plan.make_plan)
 
     @property
     def hw(self) -> HwConfig:

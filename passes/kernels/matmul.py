@@ -30,7 +30,10 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   can be large (STORE_BYTES); with N on the partitions a store spans the rows of the next block's store,
   which waits for it, so pieces are small enough for that chain to keep up. Near the end of the kernel
   pieces shrink to what the queues move before TensorE finishes, down to one wave over the queues for
-  the last block, which goes one sub-tile at a time when M is on the partitions (store_bytes).
+  the last block, which goes one sub-tile at a time when M is on the partitions (store_bytes). An
+  output stored feature-major (tile.py) is whole rows per sub-tile, stored in disjoint pieces of
+  partitions; next to a row-wise kernel (plan.row_tiles) a step is one 128-row tile and its blocks'
+  stores chain over two blocks only, so they go in large pieces.
 
 Numerics: each output element is one fp32 accumulation over k = 0..K-1 in order (products exact
 for bf16, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
@@ -98,7 +101,7 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
     orientation = kernel.partition_dim or choose_orientation(gemm)
     if orientation not in ("m", "n"):
         raise UnsupportedOpError(f"matmul %{mm.name}: partition_dim {orientation!r} is not 'm' or 'n'{mm.where()}")
-    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw)
+    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles and orientation == "n")
     _Emitter(kb, kernel, gemm, plan, dtype).run()
 
 
@@ -249,6 +252,8 @@ class _Emitter:
         # the resident side's sub-tiles lie along the free axis of the output tiles (the moving side) or on
         # their partitions; a block's tile is [P, sub-tile, W] either way, and M is its axis m_axis
         self.along_v = plan.resident == ("b" if plan.orientation == "m" else "a")
+        # N on the partitions and outermost in HBM (tile.py's feature-major storage): stores are whole rows
+        self.rows_out = plan.orientation == "n" and gemm.out.strides[-1] > gemm.out.strides[-2]
         self.m_axis = {("m", True): 0, ("m", False): 1, ("n", True): 1, ("n", False): 2}[plan.orientation, self.along_v]
         # epilogue inputs the same for every streamed tile of a panel: constant along the streamed side's
         # output dim (M for a, N for b) and the batch dims
@@ -507,11 +512,12 @@ class _Emitter:
         SLACK_SHARE of the TensorE time left in the kernel on one queue (a store must not outlast the kernel
         by much), at least one wave over the queues. With N on the partitions, a store writes M rows across
         the columns of the next block's store, which the scheduler orders after it: the pieces of a row
-        group form a chain, so each also takes at most CHAIN_SHARE of `seconds` on its queue."""
+        group form a chain, so each also takes at most CHAIN_SHARE of `seconds` on its queue (unless the
+        output is stored feature-major: then its stores are disjoint rows)."""
         hw = self.kb.hw
         total = tile.partitions * tile.free_size * tile.dtype.itemsize
         size = STORE_BYTES
-        if self.plan.orientation == "n":
+        if self.plan.orientation == "n" and not self.rows_out and not self.plan.row_tiles:
             size = min(size, (CHAIN_SHARE * seconds - hw.dma_fixed_ns * 1e-9) * hw.dma_queue_bytes_per_ns * 1e9)
         size = min(size, SLACK_SHARE * (self.pe_total - self.clock) * hw.dma_queue_bytes_per_ns * 1e9)
         return int(max(size, TAIL_BYTES, total / DMA_QUEUES))
@@ -519,6 +525,12 @@ class _Emitter:
     def store(self, tile: Tile, view: HbmView, pdim: int, box, m_dim: int, m_axis: int, size: int) -> None:
         """DMA `tile` to the box of `view` in pieces of about `size` bytes, each whole rows of M (view dim
         `m_dim`, tile axis `m_axis`); with M on the partitions, pieces split further by partitions."""
+        if self.rows_out:   # each sub-tile is whole rows of the output: split by partitions, disjoint pieces
+            sub = len(box) - 2                    # a block's tile is [P, sub-tile, W]; a plain one [P, W]
+            for r in range(box[sub][1]) if len(tile.dims) > 1 else [None]:
+                part = box if r is None else (*box[:sub], (box[sub][0] + r, 1), *box[sub + 1:])
+                self.dma(view.box_ap(pdim, part), tile if r is None else tile.select(1, r), size)
+            return
         start, count = box[m_dim]
         step = max(1, size // (tile.partitions * tile.free_size * tile.dtype.itemsize // count))
         split = size if self.plan.orientation == "m" else 1 << 62

@@ -135,6 +135,7 @@ class Plan:
     resident: str
     panel: int
     ramp: bool = False
+    row_tiles: bool = False
 
     @property
     def streamed(self) -> str:
@@ -160,8 +161,14 @@ def matmul_seconds(stationary: int, moving: int, fp32: bool, hw: HwConfig) -> fl
     return max(min(64, stationary), moving) * (4 if fp32 else 1) / hw.clock_hz["pe"]
 
 
-def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig) -> Plan:
+def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_tiles: bool = False) -> Plan:
     """The blocking for `orientation` (see the module docstring).
+
+    row_tiles: a neighbour of the kernel is a row-wise kernel (a layer norm) that works in tiles of 128
+    rows of M; with M moving ("n"), the plan then streams M in 128-row tiles (still full rate: K = 128,
+    M = 128, 128 moving columns) and has no ramp, so each step completes (or needs) one row tile and
+    the row-wise kernel's tiles run beside the matmul's other steps instead of before or after all of
+    them.
 
     Candidates: each side resident, moving tiles of 512, 256 or 128 columns (all full rate: a
     matmul costs max(min(64, M), N) cycles for K*M*N MACs; narrower ones leave SBUF for wider
@@ -183,7 +190,7 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig) -> P
         view, r_total, t_total = (gemm.b, gemm.n, gemm.m) if resident == "b" else (gemm.kx("a"), gemm.m, gemm.n)
         offsets = [batch_offset(view, i) for i in batches]
         copies, first_group = len(set(offsets)), offsets.count(offsets[0])
-        for moving in MOVING_WIDTHS:
+        for moving in (PARTITIONS,) if row_tiles else MOVING_WIDTHS:
             s_tile, v_tile = min(PE_COLUMNS, xs), min(moving, xv)
             m_tile, n_tile = (s_tile, v_tile) if orientation == "m" else (v_tile, s_tile)
             r_tile, t_tile = (n_tile, m_tile) if resident == "b" else (m_tile, n_tile)
@@ -194,12 +201,13 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig) -> P
                 continue
             panels = math.ceil(r_total / panel)
             matmul = max(min(64, s_tile), v_tile) * fp32 / hw.clock_hz["pe"]
-            ramp = panel > r_tile and panel * gemm.k * dtype_bytes / rate > math.ceil(panel / r_tile) * k_tiles * matmul
+            ramp = not row_tiles and panel > r_tile and \
+                panel * gemm.k * dtype_bytes / rate > math.ceil(panel / r_tile) * k_tiles * matmul
             reads = copies * r_total + len(batches) * t_total * panels + (first_group * t_total if ramp else 0)
             seconds = max(pe_seconds, reads * gemm.k * dtype_bytes / rate / DMA_SHARE)
             key = (seconds, -moving, resident != "b")
             if best is None or key < best[0]:
-                best = (key, Plan(orientation, m_tile, n_tile, resident, panel, ramp))
+                best = (key, Plan(orientation, m_tile, n_tile, resident, panel, ramp, row_tiles))
     if best is None:
         s_tile, v_tile = min(PE_COLUMNS, xs), min(MOVING_FMAX, xv)
         return Plan(orientation, *((s_tile, v_tile) if orientation == "m" else (v_tile, s_tile)), "", 0)
