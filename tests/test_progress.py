@@ -78,7 +78,7 @@ def _compile(monkeypatch, stream, **kwargs):
 
 def test_compile_shows_every_pass_on_a_terminal(monkeypatch, tmp_path):
     out = FakeTerminal()
-    with flags.override(TRNC_CACHE_DIR=tmp_path, TRNC_CACHE=True, TRNC_LOG="warning"):
+    with flags.override(TRNC_CACHE_DIR=tmp_path, TRNC_CACHE=True, TRNC_COMPILE_CACHE=True, TRNC_LOG="warning"):
         _compile(monkeypatch, out)
     text = out.getvalue()
     total = 2 + len(PASS_NAMES) + 2
@@ -87,7 +87,7 @@ def test_compile_shows_every_pass_on_a_terminal(monkeypatch, tmp_path):
         assert f"trnc compile [{i}/{total}] {name} ..." in text
     assert text.endswith(ERASE) and "\n" not in text
     hit = FakeTerminal()
-    with flags.override(TRNC_CACHE_DIR=tmp_path, TRNC_CACHE=True, TRNC_LOG="warning"):
+    with flags.override(TRNC_CACHE_DIR=tmp_path, TRNC_CACHE=True, TRNC_COMPILE_CACHE=True, TRNC_LOG="warning"):
         _compile(monkeypatch, hit)
     assert "trnc compile [3/3] cache-load" in hit.getvalue() and "legalize" not in hit.getvalue()
 
