@@ -10,8 +10,9 @@ the first process compiles cold (a miss: capture, every pass, the performance mo
 entry), then calls trnc.compile again in the same process (a hit in a warm interpreter); a second
 process compiles once (a hit in a fresh interpreter, the common case). Printed: each time, the warm/cold
 ratios, and the warm time split into capture (torch.export and import), the cache key (hashing the graph
-and every constant) and the cache load (trnc.artifact.load: read, checksums, decode, verify, performance
-model). JIT kernels are not part of trnc.compile (they build on the first call) and are not timed.
+and every constant) and the cache load (trnc.artifact.load of a trusted entry: read, checksums, decode;
+the cache's own entries are not verified again and keep their saved stats). JIT kernels are not part
+of trnc.compile (they build on the first call) and are not timed.
 
 Run: python benchmarks/bench_compile_cache.py [--model tiny|base|both]
 """
