@@ -4,8 +4,10 @@ Kernels (passes/kernels/) describe their work as TileInstrs: an opcode, the engi
 it, and fields whose on-chip operands are Tiles of symbolic Buffers rather than addresses. HBM
 operands are already final APs over `TileProgram.tensors`. Allocate gives each Buffer its address,
 schedule picks an engine or DMA queue per instruction and derives the semaphores, emit builds the
-isa.Program. Every value between kernels lives in HBM as an HbmView (a strided view of a tensor),
-so views (permute, expand, slice) cost nothing and are folded into the DMAs of their consumers.
+isa.Program. A value between kernels lives in HBM as an HbmView (a strided view of a tensor), so
+views (permute, expand, slice) cost nothing and are folded into the DMAs of their consumers; a
+matmul result that the next matmul reads as its contraction operand may instead stay in SBUF
+(`TileProgram.kept`), its HBM tensor then never written or read.
 """
 from __future__ import annotations
 
@@ -236,6 +238,9 @@ class TileProgram:
     instrs: list[TileInstr] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)    # INPUT tensor names in call order
     outputs: list[str] = field(default_factory=list)   # OUTPUT tensor names in result order
+    # HBM tensors whose value lives in SBUF instead: tensor index -> a [128, N / 128, M] tile holding the
+    # feature-major [N, M] tensor (row n on partition n % 128, in block n // 128); see tile.py keep_on_chip
+    kept: dict[int, Tile] = field(default_factory=dict)
 
     def text(self) -> str:
         lines = [f"tensor {i} {t.name}: {t.kind.text} {t.dtype.text}{list(t.shape)}"
@@ -252,6 +257,7 @@ class KernelBuilder:
         self.program = program
         self.kernel = kernel
         self.row_tiles = False   # a neighbour of the kernel is row-wise (matmul_plan.make_plan)
+        self.keep_on_chip = False   # the kernel's result may stay in SBUF for the next kernel (tile.py)
 
     @property
     def hw(self) -> HwConfig:

@@ -34,6 +34,9 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   output stored feature-major (tile.py) is whole rows per sub-tile, stored in disjoint pieces of
   partitions; next to a row-wise kernel (plan.row_tiles) a step is one 128-row tile and its blocks'
   stores chain over two blocks only, so they go in large pieces.
+- kept results: a result tile.py keeps on chip for the next matmul (KernelBuilder.keep_on_chip) is
+  evacuated straight into one [128, N / 128, M] SBUF tile and never stored; the next kernel's operand
+  regions over it take their k-tiles from that tile instead of loading them (TileProgram.kept).
 
 Numerics: each output element is one fp32 accumulation over k = 0..K-1 in order (products exact
 for bf16, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
@@ -101,7 +104,10 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
     orientation = kernel.partition_dim or choose_orientation(gemm)
     if orientation not in ("m", "n"):
         raise UnsupportedOpError(f"matmul %{mm.name}: partition_dim {orientation!r} is not 'm' or 'n'{mm.where()}")
-    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles and orientation == "n")
+    kept = sum(kb.program.kept[v.tensor].buffer.nbytes for v in (gemm.a, gemm.b) if v.tensor in kb.program.kept)
+    if kb.keep_on_chip:
+        kept += gemm.n // PARTITIONS * gemm.m * gemm.out.dtype.itemsize
+    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles and orientation == "n", kept)
     _Emitter(kb, kernel, gemm, plan, dtype).run()
 
 
@@ -146,6 +152,11 @@ class _Region:
         """Load the next chunk: as many k-tiles as one DMA of `dma_bytes` holds, or one k-tile in several
         DMAs when it is larger. Returns the chunk's bytes."""
         e, (x0, width) = self.e, self.cols
+        kept = e.kb.program.kept.get(e.kx[self.side].tensor)
+        if kept is not None:      # the operand is in SBUF already (tile.py keep_on_chip): no DMA
+            self.tiles += [(_kept_operand(kept, e.kx[self.side], x0, width), kt) for kt in range(self.kt, e.k_tiles)]
+            self.kt = e.k_tiles
+            return 0
         full = e.gemm.k // PARTITIONS
         k_tile_bytes = PARTITIONS * width * e.load_itemsize[self.side]
         target = e.dma_bytes(self.next_use, k_tile_bytes)
@@ -262,6 +273,32 @@ class _Emitter:
         # epilogue inputs to load; a constant of one value is an immediate of the chain instead
         self.loads = {i: v for i, v in gemm.epilogue.items() if immediate(i) is None}
         self.operands: dict[tuple, list[Operand]] = {}
+        self.kept = self.keep_on_chip()
+
+    def keep_on_chip(self) -> Tile | None:
+        """The SBUF tile [128, N / 128, M] the result stays in for the next kernel (tile.py keep_on_chip), when
+        tile.py allows it and every output tile's N columns lie within one partition block (N on the
+        partitions, 128 wide); registered in the program's `kept`, so the consumer reads it from there."""
+        gemm, plan = self.gemm, self.plan
+        if not self.kb.keep_on_chip or plan.orientation != "n" or plan.n_tile != PARTITIONS or not self.rows_out:
+            return None
+        if gemm.n % PARTITIONS or math.prod(gemm.batch) != 1 or any(n0 % PARTITIONS for n0, _ in self.n_ranges()):
+            return None
+        kept = self.kb.sbuf("kept", gemm.out.dtype, PARTITIONS, (gemm.n // PARTITIONS, gemm.m))
+        self.kb.program.kept[gemm.out.tensor] = kept
+        return kept
+
+    def n_ranges(self) -> list[Cols]:
+        """Where the output tiles' N columns start and how many: panels and sub-tiles, or plain tiles."""
+        plan = self.plan
+        if plan.resident != "b":
+            return _subtiles(0, self.gemm.n, plan.n_tile)
+        return [c for x0, width in plan.panels(self.gemm.n, True) for c in _subtiles(x0, width, plan.n_tile)]
+
+    def kept_tile(self, m_cols: Cols, n_cols: Cols) -> Tile:
+        """The part of the kept SBUF tile that holds the output box (m_cols, n_cols), as [n columns, m columns]."""
+        (m0, m_width), (n0, n_width) = m_cols, n_cols
+        return self.kept.narrow(0, n0 % PARTITIONS, n_width).select(1, n0 // PARTITIONS).narrow(1, m0, m_width)
 
     def name(self, what: str) -> str:
         return f"{what}{next(self.names)}"
@@ -390,6 +427,8 @@ class _Emitter:
         tile = self.plan.tile(self.plan.resident)
         full = sum(1 for _, w in subtiles if w == tile)
         dsts, stores = [], []
+        if self.kept is not None:   # evacuated straight into the kept tile, never stored
+            dsts, full, subtiles = [self.kept_tile(*self.mn_cols(t_cols, cols)) for cols in subtiles], 0, []
         if full:
             box = self.block_box(index, t_cols, subtiles[0][0] // tile, full)
             out = self.kb.sbuf(self.name("out"), self.gemm.out.dtype, box[self.nb][1], (full, box[self.nb + 2][1]))
@@ -439,14 +478,16 @@ class _Emitter:
         per_kt = [self.pe_seconds(p, w) for p, (w,) in shapes]
         self.pe_total = self.k_tiles * sum(per_kt)
         for (index, m_cols, n_cols), seconds in zip(tiles, per_kt):
-            out = self.kb.sbuf(self.name("out"), gemm.out.dtype, *self.out_shape(m_cols, n_cols))
+            out = self.kb.sbuf(self.name("out"), gemm.out.dtype, *self.out_shape(m_cols, n_cols)) \
+                if self.kept is None else self.kept_tile(m_cols, n_cols)
             use = (self.clock, seconds)
             a, b = _Region(self, "a", index, m_cols, use, False), _Region(self, "b", index, n_cols, use, False)
             box = (*((i, 1) for i in index), m_cols, n_cols)
             self.accumulate([((a, 0, m_cols[1]), (b, 0, n_cols[1]))], [out], lambda: [
                 {node: load_operand(self.kb, view, self.pdim, box, self.name(f"e{node.name}_"))
                  for node, view in self.loads.items()}])
-            self.store(*self.plain_store(out, index, m_cols, n_cols), self.store_bytes(out, use[1] * self.k_tiles))
+            if self.kept is None:
+                self.store(*self.plain_store(out, index, m_cols, n_cols), self.store_bytes(out, use[1] * self.k_tiles))
 
     def mn_cols(self, t_cols: Cols, r_cols: Cols) -> tuple[Cols, Cols]:
         return (t_cols, r_cols) if self.plan.resident == "b" else (r_cols, t_cols)
@@ -538,6 +579,16 @@ class _Emitter:
             rows = min(step, count - i)
             part = (*box[:m_dim], (start + i, rows), *box[m_dim + 1:])
             self.dma(view.box_ap(pdim, part), tile.narrow(m_axis, i, rows), split)
+
+
+def _kept_operand(kept: Tile, kx: HbmView, x0: int, width: int) -> Tile:
+    """Columns [x0, x0 + width) of a kept tile ([128, K / 128, X]: row k of the [K, X] operand on partition
+    k % 128, in block k // 128) as [128, K / 128, width], for the operand view `kx` ([*batch, K, X]) that
+    reads the kept tensor; the view must be the whole tensor in that layout (tile.py keep_on_chip)."""
+    k, x = kx.shape[-2:]
+    if kx.offset or kx.strides[-2:] != (x, 1) or (k, x) != (kept.shape[1] * PARTITIONS, kept.shape[2]):
+        raise ValueError(f"operand view {kx} does not read the kept tile {kept.buffer} row by row")
+    return kept.narrow(2, x0, width)
 
 
 def _nbytes(dst, src) -> int:

@@ -161,8 +161,12 @@ def matmul_seconds(stationary: int, moving: int, fp32: bool, hw: HwConfig) -> fl
     return max(min(64, stationary), moving) * (4 if fp32 else 1) / hw.clock_hz["pe"]
 
 
-def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_tiles: bool = False) -> Plan:
+def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_tiles: bool = False,
+              kept_bytes: int = 0) -> Plan:
     """The blocking for `orientation` (see the module docstring).
+
+    kept_bytes: bytes per partition of a value kept in SBUF (tile.py keep_on_chip) that the kernel writes
+    or reads, live across the kernel; the operands plan on what it leaves.
 
     row_tiles: a neighbour of the kernel is a row-wise kernel (a layer norm) that works in tiles of 128
     rows of M; with M moving ("n"), the plan then streams M in 128-row tiles (still full rate: K = 128,
@@ -180,7 +184,7 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
     xs, xv = (gemm.m, gemm.n) if orientation == "m" else (gemm.n, gemm.m)
     k_tiles = math.ceil(gemm.k / PARTITIONS)
     column = k_tiles * dtype_bytes                      # bytes per partition of one [K, 1] column
-    budget = int((hw.sbuf_bytes_per_partition - SBUF_RESERVE) * SBUF_SHARE)
+    budget = int((hw.sbuf_bytes_per_partition - SBUF_RESERVE - kept_bytes) * SBUF_SHARE)
     fp32 = 4 if dtype_bytes == 4 else 1
     pe_seconds = pe_cycles(gemm, orientation) * fp32 / hw.clock_hz["pe"]
     rate = DMA_QUEUES * hw.dma_queue_bytes_per_ns * 1e9      # bytes per second of all DMA queues
