@@ -36,16 +36,14 @@ from trnc.isa.encoding import encode
 from trnc.isa.program import Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.log import get_logger
+from trnc.pytree_spec import SpecError, Unregistered, check_spec_nodes
 
 MAGIC = b"TRNCART\0"
 FORMAT_VERSION = 2
 PREFIX = struct.Struct("<8sIII32s")   # magic, format version, ISA encoding version, header length, header sha256
 ALIGN = 64                            # section offsets are multiples of this: constants are used in place, aligned
 MAX_HEADER_BYTES = 16 * 2**20
-MAX_SPEC_DEPTH = 32                   # nesting of a pytree spec (a model's output structure is shallow)
-MAX_SPEC_NODES = 100_000
 MAX_WORK_ELEMENTS = 2**36             # elements one run may reach: minutes on the JIT, far above any real model
-SPEC_PROTOCOL = 1                     # torch.utils._pytree's serialization protocol the specs use
 _PROGRAM_MAGIC = b"TRNCISA\0"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REWRITE = "write it again with CompiledModel.save or `trnc compile`"
@@ -59,14 +57,6 @@ class _Bad(Exception):
     def __init__(self, what: str, fix: str = _REWRITE):
         super().__init__(what)
         self.fix = fix
-
-
-class _Unregistered(_Bad):
-    """A pytree spec names a node type this process has not registered: not malformed, only unknown here."""
-
-    def __init__(self, kind: str):
-        super().__init__(f"pytree node type {kind} is not registered")
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -150,8 +140,8 @@ def _spec_json(spec, what: str):
     import torch.utils._pytree as pytree
     try:
         value = json.loads(pytree.treespec_dumps(spec))
-        _check_spec_nodes(value)
-    except (_Bad, TypeError, ValueError, NotImplementedError) as e:
+        check_spec_nodes(value)
+    except (SpecError, TypeError, ValueError, NotImplementedError) as e:
         log.warning("the %s structure is not saved (%s); the loaded model takes and returns flat tuples", what, e)
         return None
     return value
@@ -525,64 +515,18 @@ def _check_constant_entries(program: Program, header: dict) -> None:
                        f"{decl.dtype.text} {list(decl.shape)}")
 
 
-def _check_spec_nodes(value) -> None:
-    """A serialized pytree spec whose every node type deserializes without importing anything.
-
-    Raises _Bad on a malformed spec and _Unregistered when a node type is not registered in this process
-    (e.g. a Hugging Face ModelOutput when transformers is not imported).
-    """
-    import torch.utils._pytree as pytree
-    if not (isinstance(value, list) and len(value) == 2 and value[0] == SPEC_PROTOCOL and type(value[0]) is int):
-        raise _Bad(f"a pytree spec is [{SPEC_PROTOCOL}, node]")
-    stack, count = [(value[1], 0)], 0
-    while stack:
-        node, depth = stack.pop()
-        count += 1
-        if depth > MAX_SPEC_DEPTH or count > MAX_SPEC_NODES:
-            raise _Bad(f"a pytree spec nests deeper than {MAX_SPEC_DEPTH} or has over {MAX_SPEC_NODES} nodes")
-        if not (isinstance(node, dict) and set(node) == {"type", "context", "children_spec"}
-                and isinstance(node["children_spec"], list)):
-            raise _Bad("a pytree spec node is an object with keys type, context and children_spec (a list)")
-        kind, context, children = node["type"], node["context"], node["children_spec"]
-        if kind is None:
-            if context is not None or children:
-                raise _Bad("a pytree spec leaf has a context or children")
-            continue
-        if not isinstance(kind, str):
-            raise _Bad("a pytree spec node's type is a string or null")
-        python_type = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(kind)
-        if python_type is None:
-            raise _Unregistered(kind)
-        custom = pytree.SUPPORTED_SERIALIZED_TYPES[python_type].from_dumpable_context
-        if custom is not None and kind != "collections.namedtuple":   # namedtuple's only looks a class up by name
-            raise _Bad(f"a pytree spec node of type {kind} would run its deserializer; trnc does not load those")
-        if not isinstance(context, str):
-            raise _Bad(f"a pytree spec node of type {kind} has a context that is not a string")
-        stack.extend((child, depth + 1) for child in children)
-        if custom is not None:
-            if context not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-                raise _Unregistered(context)
-            continue
-        try:
-            normalized = json.dumps(json.loads(context))   # escapes resolved, so the enum marker cannot hide
-        except (ValueError, RecursionError):
-            raise _Bad(f"a pytree spec node of type {kind} has a context that is not JSON") from None
-        if "__enum__" in normalized:
-            raise _Bad("a pytree spec context names an enum; loading it would import a module")
-
-
 def _spec(value, key: str):
     """The TreeSpec of header `key`, None when absent or of a node type this process has not registered."""
     if value is None:
         return None
     import torch.utils._pytree as pytree
     try:
-        _check_spec_nodes(value)
-    except _Unregistered as e:
+        check_spec_nodes(value)
+    except Unregistered as e:
         log.warning("the artifact's %s uses pytree type %s, not registered here (import its module before "
                     "trnc.load to get it back); using flat tuples", key, e.kind)
         return None
-    except _Bad as e:
+    except SpecError as e:
         raise _Bad(f"header {key}: {e}") from None
     try:
         spec = pytree.treespec_loads(json.dumps(value))

@@ -56,8 +56,8 @@ from trnc.isa.dtypes import MATMUL_DTYPES, DType
 from trnc.passes.kernels import engines
 from trnc.passes.kernels.elementwise import Operand, emit_chain, immediate, load_operand
 from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
-                                             choose_orientation, gemm_of, make_plan, matmul_seconds,
-                                             shape_cycles)
+                                             choose_orientation, dma_nbytes, gemm_of, make_plan,
+                                             matmul_seconds, shape_cycles)
 from trnc.passes.tiles import HbmView, KernelBuilder, Tile
 
 DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per queue): TensorE starts after ~2 us
@@ -318,7 +318,7 @@ class _Emitter:
         start = len(self.kb.program.instrs)
         self.kb.dma_split(dst, src, size)
         hw, pieces = self.kb.hw, len(self.kb.program.instrs) - start
-        seconds = pieces * hw.dma_fixed_ns * 1e-9 + _nbytes(dst, src) / (hw.dma_queue_bytes_per_ns * 1e9)
+        seconds = pieces * hw.dma_fixed_ns * 1e-9 + dma_nbytes(dst, src) / (hw.dma_queue_bytes_per_ns * 1e9)
         self.dma_clock = max(self.dma_clock, self.clock) + seconds / DMA_QUEUES
         self.dmas += pieces
 
@@ -537,7 +537,7 @@ class _Emitter:
                     ap = bview.box_ap(nb, box)
                     loaded = self.kb.sbuf(self.name(f"e{node.name}_"), view.dtype, ap.partitions,
                                           (box[nb + 1][1], box[nb + 2][1]))
-                    self.dma(loaded, ap, self.dma_bytes(t0 + per_kt * self.k_tiles, _nbytes(loaded, ap)))
+                    self.dma(loaded, ap, self.dma_bytes(t0 + per_kt * self.k_tiles, dma_nbytes(loaded, ap)))
                     ops += [Operand(loaded.select(1, 0 if once[nb + 1] else r), once[nb + 2]) for r in range(full)]
                 for cols in subtiles[full:]:
                     m_cols, n_cols = self.mn_cols(t_cols, cols)
@@ -589,11 +589,6 @@ def _kept_operand(kept: Tile, kx: HbmView, x0: int, width: int) -> Tile:
     if kx.offset or kx.strides[-2:] != (x, 1) or (k, x) != (kept.shape[1] * PARTITIONS, kept.shape[2]):
         raise ValueError(f"operand view {kx} does not read the kept tile {kept.buffer} row by row")
     return kept.narrow(2, x0, width)
-
-
-def _nbytes(dst, src) -> int:
-    """Bytes a DMA between `dst` and `src` moves as isa/cost.py counts them (the larger dtype)."""
-    return dst.partitions * math.prod(c for _, c in dst.dims) * max(dst.dtype.itemsize, src.dtype.itemsize)
 
 
 def _split(view: HbmView, dim: int, inner: int) -> HbmView:

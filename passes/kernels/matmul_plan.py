@@ -260,3 +260,8 @@ def batch_indices(batch: tuple[int, ...]) -> list[tuple[int, ...]]:
 def batch_offset(view: HbmView, index: tuple[int, ...]) -> int:
     """Element offset of batch `index` in `view`: equal offsets mean the same operand (broadcast)."""
     return sum(i * s for i, s in zip(index, view.strides))
+
+
+def dma_nbytes(dst, src) -> int:
+    """Bytes a DMA between `dst` and `src` moves as isa/cost.py counts them (the larger dtype)."""
+    return dst.partitions * math.prod(c for _, c in dst.dims) * max(dst.dtype.itemsize, src.dtype.itemsize)
