@@ -7,7 +7,7 @@ schedule picks an engine or DMA queue per instruction and derives the semaphores
 isa.Program. A value between kernels lives in HBM as an HbmView (a strided view of a tensor), so
 views (permute, expand, slice) cost nothing and are folded into the DMAs of their consumers; a
 matmul result that the next matmul reads as its contraction operand may instead stay in SBUF
-(`TileProgram.kept`), its HBM tensor then never written or read.
+(`TileProgram.kept`), its HBM tensor then never written or read (emit drops its declaration).
 """
 from __future__ import annotations
 

@@ -26,9 +26,16 @@ def _mlp(m: int, k: int, h: int, n: int, dtype: DType):
     return [x], kernels, (w1, bias, w2)
 
 
-def _hbm_touches(state, index: int) -> int:
+def _hbm_touches(state, name: str) -> int:
+    """DMA operands on the program's HBM tensor `name` (0 when emit dropped it as an unused scratch tensor)."""
+    index = [i for i, t in enumerate(state.program.tensors) if t.name == name]
     return sum(1 for ins in state.program.instructions if ins.engine is Engine.DMA
-               for _, ap, _ in ins.operands() if ap.mem is Mem.HBM and ap.tensor == index)
+               for _, ap, _ in ins.operands() if ap.mem is Mem.HBM and ap.tensor in index)
+
+
+def _unused_tensors(state) -> list[str]:
+    used = {ap.tensor for ins in state.program.instructions for _, ap, _ in ins.operands() if ap.mem is Mem.HBM}
+    return [t.name for i, t in enumerate(state.program.tensors) if i not in used]
 
 
 def _reference(x, w1, bias, w2, dtype: DType) -> np.ndarray:
@@ -47,7 +54,10 @@ def test_a_value_read_only_by_the_next_matmul_stays_in_sbuf():
     tensors = {t.name: i for i, t in enumerate(state.tiles.tensors)}
     mid = [i for name, i in tensors.items() if name.endswith("_t")]
     assert len(mid) == 1 and list(state.tiles.kept) == mid
-    assert _hbm_touches(state, mid[0]) == 0
+    name = state.tiles.tensors[mid[0]].name
+    assert _hbm_touches(state, name) == 0
+    assert name not in [t.name for t in state.program.tensors]   # emit drops its unused HBM declaration
+    assert _unused_tensors(state) == []
     assert harness.rel_err(got, _reference(x, *weights, F32)) <= 1e-5
 
 
@@ -59,7 +69,8 @@ def test_bf16_kept_value_matches_and_a_ragged_one_goes_through_hbm():
         inputs, kernels, weights = _mlp(m, k, h, n, BF16)
         x = RNG.standard_normal((m, k)).astype(BF16.storage)
         (got,), state = harness.compile_and_run(inputs, kernels, [x])
-        index = [i for i, t in enumerate(state.tiles.tensors) if t.name.endswith("_t")][0]
+        name = [t.name for t in state.tiles.tensors if t.name.endswith("_t")][0]
         assert bool(state.tiles.kept) == kept
-        assert (_hbm_touches(state, index) == 0) == kept
+        assert (_hbm_touches(state, name) == 0) == kept
+        assert _unused_tensors(state) == []
         assert harness.rel_err(got.astype(np.float64), _reference(x, *weights, BF16)) <= 1e-2
