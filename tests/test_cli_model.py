@@ -150,7 +150,7 @@ def test_tiny_bert_compiles_and_runs(tmp_path, cache):
     assert rel_err(torch.from_numpy(np.load(tmp_path / "out" / "out1.npy")), ref.pooler_output) <= REL_TOL
     with flags.override(TRNC_CACHE=False):
         loaded = trnc.load(out)
-    (random_ids,) = artifact_cmds.random_inputs(loaded, artifact_cmds.input_dtypes(loaded), seed=0)
+    (random_ids,) = artifact_cmds.random_inputs(loaded, list(loaded.info.input_dtypes), seed=0)
     assert random_ids.dtype == torch.int64 and random_ids.shape == ids.shape
     assert set(random_ids.unique().tolist()) == {0, 1}
 

@@ -33,6 +33,7 @@ import torch
 import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from trnc.api import PRECISIONS
 from trnc.capture import decomposition_table
 from trnc.errors import TrncError
 from trnc.isa.config import TARGETS
@@ -55,7 +56,7 @@ class BackendOptions:
     fallback: bool = True
 
 
-ALLOWED = {"precision": ("fp32", "bf16"), "auto_cast": (None, *AUTO_CAST), "target": tuple(TARGETS),
+ALLOWED = {"precision": PRECISIONS, "auto_cast": (None, *AUTO_CAST), "target": tuple(TARGETS),
            "fallback": (True, False)}
 
 

@@ -30,13 +30,6 @@ def load(path: str):
     return trnc.load(path)
 
 
-def input_dtypes(model) -> list:
-    """The torch dtypes the model was traced with; older artifacts record only the machine dtype."""
-    from trnc.api import TORCH_OF
-    recorded = getattr(model.info, "input_dtypes", None)
-    return list(recorded) if recorded else [TORCH_OF[decl.dtype] for decl in model.inputs]
-
-
 def _signature(model, dtypes) -> str:
     return ", ".join(f"{str(dt).removeprefix('torch.')} {list(d.shape)}" for d, dt in zip(model.inputs, dtypes))
 
@@ -90,7 +83,7 @@ def drive_run(args) -> int:
         raise TrncError(f"{args.file} is a .trnc artifact: give its inputs in order with --inputs a.npy b.npy ..."
                         " (--input NAME=FILE and --fill-nan are for ISA programs)")
     model = load(args.file)
-    dtypes = input_dtypes(model)
+    dtypes = list(model.info.input_dtypes)   # the torch dtypes the model was traced with
     inputs = _given_inputs(model, dtypes, args.inputs) if args.inputs else random_inputs(model, dtypes, args.seed)
     call, first = model.run_reference, ""
     if args.engine == "jit":   # the first call compiles the kernels (or loads them from the cache): timed apart
