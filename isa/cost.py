@@ -9,6 +9,7 @@ import math
 
 from trnc.isa.config import GPSIMD_START, MIN_II, HwConfig
 from trnc.isa.dtypes import DType
+from trnc.isa.enums import AluOp
 
 
 def _free(instr, name: str) -> int:
@@ -44,6 +45,22 @@ def activation(instr, hw: HwConfig) -> int:
 def two_inputs(instr, hw: HwConfig) -> int:
     """max(MIN_II, 2N) for two input tensors (2.2, A2; 4.4 tensor_tensor, tensor_copy_predicated)."""
     return max(MIN_II, 2 * _free(instr, "dst"))
+
+
+def tensor_tensor(instr, hw: HwConfig) -> int:
+    """On VectorE, max(MIN_II, N) when one input is in PSUM and the other in SBUF (a PSUM evacuation that
+    adds a bias or residual tile), or when every operand is bf16 in SBUF with add, subtract or multiply
+    and a contiguous innermost dim; else max(MIN_II, 2N) (4.4 tensor_tensor, ISA-OLD)."""
+    ins = (instr["in0"], instr["in1"])
+    if instr.engine.name == "DVE":
+        mems = sorted(ap.mem.name for ap in ins)
+        if mems == ["PSUM", "SBUF"]:
+            return one_input(instr, hw)
+        operands = (instr["dst"], *ins)
+        if instr["op"] in (AluOp.ADD, AluOp.SUB, AluOp.MUL) and all(
+                ap.mem.name == "SBUF" and ap.dtype is DType.BF16 and ap.dims[-1][0] == 1 for ap in operands):
+            return one_input(instr, hw)
+    return two_inputs(instr, hw)
 
 
 def reduce(instr, hw: HwConfig) -> int:

@@ -128,7 +128,7 @@ TABLE: tuple[OpSpec, ...] = (
            "dst[p, e] = convert(y); acc = fp32(acc + y); accum[p] = acc"),
     OpSpec("tensor_tensor", 7, (Engine.DVE, Engine.POOL),
            (out("dst", ""), inp("in0", ""), inp("in1", ""), imm("op", Kind.ENUM, "ALU op", AluOp)),
-           cost.two_inputs,
+           cost.tensor_tensor,
            "dst = in0 op in1, elementwise in fp32",
            "for e: dst[e] = convert(op(fp32(in0[e]), fp32(in1[e])))"),
     OpSpec("tensor_scalar", 8, ANY_COMPUTE,

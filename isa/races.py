@@ -342,18 +342,14 @@ def _rows(offset: int, stride: int, count: int, width: int) -> tuple[int, int, i
 def footprint(ap: AP) -> tuple:
     """(memory key, first partition, end partition, first byte, end byte, row stride, row width).
 
-    The bytes are rows base + i * stride + [0, width) when the access is a set of disjoint rows (the
-    partitions of a strided HBM access; the outer free dim of an on-chip one), else one dense range.
+    The bytes are rows base + i * stride + [0, width) when the access is a set of disjoint rows (the dim
+    of largest stride of an HBM access; the outer free dim of an on-chip one), else one dense range.
     Rows keep column tiles of one matrix apart (stores of different columns of the same rows do not
     conflict) at the cost of a few integer operations; passes/schedule.py orders instructions by them.
     """
     isz = ap.dtype.itemsize
     if ap.mem is Mem.HBM:
-        lo, hi = ap.free_extent()
-        width = (hi - lo + 1) * isz
-        box = _rows(ap.offset + lo * isz, ap.partition_stride * isz, ap.partitions, width) \
-            if ap.partition_stride > 0 else (*ap.byte_range(), 0, 0)
-        return ((Mem.HBM, ap.tensor), 0, 1, *box)
+        return ((Mem.HBM, ap.tensor), 0, 1, *_hbm_rows(ap, isz))
     p0, p1 = ap.start_partition, ap.start_partition + ap.partitions
     (outer_stride, outer_count), inner = ap.dims[0], ap.dims[1:]
     if inner and outer_stride > 0:
@@ -368,6 +364,21 @@ def _row_range(s: int, w: int, n: int, lo: int, hi: int) -> bool:
     i_min = max(0, (lo - w) // s + 1)
     i_max = min(n - 1, -((-hi) // s) - 1)
     return i_min <= i_max
+
+
+def _hbm_rows(ap: AP, isz: int) -> tuple[int, int, int, int]:
+    """The rows of an HBM access along its dim of largest stride (the partitions, or a free dim when the
+    access is transposed: a feature-on-partition store of a token-major matrix is rows of tokens, each
+    as wide as its features, so stores of other features do not meet it), the other dims their width."""
+    dims = [(s, c) for s, c in ((ap.partition_stride, ap.partitions), *ap.dims) if c > 1 and s != 0]
+    if not dims:
+        return (*ap.byte_range(), 0, 0)
+    row = max(range(len(dims)), key=lambda d: abs(dims[d][0]))
+    stride, count = dims.pop(row)
+    lo = sum(min(0, s * (c - 1)) for s, c in dims)
+    hi = sum(max(0, s * (c - 1)) for s, c in dims)
+    first = ap.offset + (lo + min(0, stride * (count - 1))) * isz
+    return _rows(first, abs(stride) * isz, count, (hi - lo + 1) * isz)
 
 
 def footprints_overlap(a, b) -> bool:

@@ -26,17 +26,17 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   not change the input loaded once (a per-feature bias is a [P, sub-tiles] tile of per-partition
   columns), and once per panel when they do not change along the streamed side.
 - stores: one per block in pieces of whole rows of M. The scheduler orders HBM accesses by their byte
-  rows: with M on the partitions, pieces of different rows or column blocks run side by side, so they
-  can be large (STORE_BYTES); with N on the partitions a store spans the rows of the next block's store,
-  which waits for it, so pieces are small enough for that chain to keep up. Near the end of the kernel
-  pieces shrink to what the queues move before TensorE finishes, down to one wave over the queues for
-  the last block, which goes one sub-tile at a time when M is on the partitions (store_bytes). An
-  output stored feature-major (tile.py) is whole rows per sub-tile, stored in disjoint pieces of
-  partitions; next to a row-wise kernel (plan.row_tiles) a step is one 128-row tile and its blocks'
-  stores chain over two blocks only, so they go in large pieces.
-- kept results: a result tile.py keeps on chip for the next matmul (KernelBuilder.keep_on_chip) is
-  evacuated straight into one [128, N / 128, M] SBUF tile and never stored; the next kernel's operand
-  regions over it take their k-tiles from that tile instead of loading them (TileProgram.kept).
+  rows (isa/races.py footprints, along the dim of largest stride): pieces of different rows or column
+  blocks are apart and run side by side, with M or N on the partitions, so they can be large
+  (STORE_BYTES). Near the end of the kernel pieces shrink to what the queues move before TensorE
+  finishes, down to one wave over the queues for the last block, which goes one sub-tile at a time when
+  M is on the partitions (store_bytes). An output stored feature-major (tile.py) is whole rows per
+  sub-tile, stored in disjoint pieces of partitions.
+- kept results: a result tile.py keeps on chip for the next kernel (KernelBuilder.keep_on_chip) is
+  evacuated straight into one SBUF tile and never stored: [128, N / 128, M] for the next matmul, whose
+  operand regions over it take their k-tiles from that tile instead of loading them, or, with M on the
+  partitions, [128, M / 128, N] for a row-wise kernel, which reads its row tiles there (TileProgram.kept).
+  The plan then has b resident in one panel, so each step completes whole rows (make_plan row_tiles).
 
 Numerics: each output element is one fp32 accumulation over k = 0..K-1 in order (products exact
 for bf16, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
@@ -68,7 +68,6 @@ SEGMENT_BYTES = 8 * 1024   # bytes per partition of an operand region's SBUF buf
 LOOKAHEAD = 8e-6          # seconds of TensorE work the streamed fallback loads ahead of its matmuls
 STORE_BYTES = 128 * 1024  # bytes per store DMA
 TAIL_BYTES = 8 * 1024     # bytes per store DMA at least
-CHAIN_SHARE = 0.7         # share of a block's TensorE time a store piece may take when stores chain (store_bytes)
 
 Cols = tuple[int, int]    # (start, count) along M or N
 
@@ -106,8 +105,8 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
         raise UnsupportedOpError(f"matmul %{mm.name}: partition_dim {orientation!r} is not 'm' or 'n'{mm.where()}")
     kept = sum(kb.program.kept[v.tensor].buffer.nbytes for v in (gemm.a, gemm.b) if v.tensor in kb.program.kept)
     if kb.keep_on_chip:
-        kept += gemm.n // PARTITIONS * gemm.m * gemm.out.dtype.itemsize
-    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles and orientation == "n", kept)
+        kept += gemm.n * gemm.m // PARTITIONS * gemm.out.dtype.itemsize
+    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles, kept)
     _Emitter(kb, kernel, gemm, plan, dtype).run()
 
 
@@ -276,15 +275,25 @@ class _Emitter:
         self.kept = self.keep_on_chip()
 
     def keep_on_chip(self) -> Tile | None:
-        """The SBUF tile [128, N / 128, M] the result stays in for the next kernel (tile.py keep_on_chip), when
-        tile.py allows it and every output tile's N columns lie within one partition block (N on the
-        partitions, 128 wide); registered in the program's `kept`, so the consumer reads it from there."""
+        """The SBUF tile the result stays in for the next kernel (tile.py), when tile.py allows it and every
+        output tile lies within one 128-row block of it; registered in the program's `kept`, so the consumer
+        reads it from there. With N on the partitions (the next matmul's contraction operand) it is
+        [128, N / 128, M], the feature-major result; with M on the partitions (a row-wise kernel's rows)
+        [128, M / 128, N]. Either way row r of the stored [R, C] tensor is on partition r % 128, block r // 128."""
         gemm, plan = self.gemm, self.plan
-        if not self.kb.keep_on_chip or plan.orientation != "n" or plan.n_tile != PARTITIONS or not self.rows_out:
+        if not self.kb.keep_on_chip or math.prod(gemm.batch) != 1:
             return None
-        if gemm.n % PARTITIONS or math.prod(gemm.batch) != 1 or any(n0 % PARTITIONS for n0, _ in self.n_ranges()):
-            return None
-        kept = self.kb.sbuf("kept", gemm.out.dtype, PARTITIONS, (gemm.n // PARTITIONS, gemm.m))
+        if plan.orientation == "n":
+            if plan.n_tile != PARTITIONS or not self.rows_out or gemm.n % PARTITIONS or \
+                    any(n0 % PARTITIONS for n0, _ in self.n_ranges()):
+                return None
+            rows, cols = gemm.n, gemm.m
+        else:
+            if plan.m_tile != PARTITIONS or gemm.m % PARTITIONS or gemm.out.strides[-1] != 1 or \
+                    gemm.out.strides[-2] != gemm.n or gemm.out.offset:
+                return None
+            rows, cols = gemm.m, gemm.n
+        kept = self.kb.sbuf("kept", gemm.out.dtype, PARTITIONS, (rows // PARTITIONS, cols))
         self.kb.program.kept[gemm.out.tensor] = kept
         return kept
 
@@ -296,9 +305,9 @@ class _Emitter:
         return [c for x0, width in plan.panels(self.gemm.n, True) for c in _subtiles(x0, width, plan.n_tile)]
 
     def kept_tile(self, m_cols: Cols, n_cols: Cols) -> Tile:
-        """The part of the kept SBUF tile that holds the output box (m_cols, n_cols), as [n columns, m columns]."""
-        (m0, m_width), (n0, n_width) = m_cols, n_cols
-        return self.kept.narrow(0, n0 % PARTITIONS, n_width).select(1, n0 // PARTITIONS).narrow(1, m0, m_width)
+        """The part of the kept SBUF tile that holds the output box (m_cols, n_cols), as the output tile."""
+        (r0, r_width), (c0, c_width) = (n_cols, m_cols) if self.plan.orientation == "n" else (m_cols, n_cols)
+        return self.kept.narrow(0, r0 % PARTITIONS, r_width).select(1, r0 // PARTITIONS).narrow(1, c0, c_width)
 
     def name(self, what: str) -> str:
         return f"{what}{next(self.names)}"
@@ -445,7 +454,7 @@ class _Emitter:
         first = panel.blocks[b][0]
         self.accumulate(pairs, dsts, lambda: [self.block_operands(i, b)[r - first] if self.loads else {} for r in part])
         for store in stores:
-            self.store(*store, self.store_bytes(store[0], self.uses[i][b][1] * self.k_tiles))
+            self.store(*store, self.store_bytes(store[0]))
 
     def accumulate(self, pairs, dsts: list[Tile], operands: Callable[[], list[dict]]) -> None:
         """One accumulation group per output tile (its own PSUM bank), all of them k-tile by k-tile; then each
@@ -487,7 +496,7 @@ class _Emitter:
                 {node: load_operand(self.kb, view, self.pdim, box, self.name(f"e{node.name}_"))
                  for node, view in self.loads.items()}])
             if self.kept is None:
-                self.store(*self.plain_store(out, index, m_cols, n_cols), self.store_bytes(out, use[1] * self.k_tiles))
+                self.store(*self.plain_store(out, index, m_cols, n_cols), self.store_bytes(out))
 
     def mn_cols(self, t_cols: Cols, r_cols: Cols) -> tuple[Cols, Cols]:
         return (t_cols, r_cols) if self.plan.resident == "b" else (r_cols, t_cols)
@@ -548,19 +557,13 @@ class _Emitter:
                 result[r][node] = op
         return result
 
-    def store_bytes(self, tile: Tile, seconds: float) -> int:
-        """Bytes per store DMA of `tile`, whose block took `seconds` of TensorE, stored at the PE clock: at most
+    def store_bytes(self, tile: Tile) -> int:
+        """Bytes per store DMA of `tile`, stored at the PE clock: STORE_BYTES, or at most
         SLACK_SHARE of the TensorE time left in the kernel on one queue (a store must not outlast the kernel
-        by much), at least one wave over the queues. With N on the partitions, a store writes M rows across
-        the columns of the next block's store, which the scheduler orders after it: the pieces of a row
-        group form a chain, so each also takes at most CHAIN_SHARE of `seconds` on its queue (unless the
-        output is stored feature-major: then its stores are disjoint rows)."""
+        by much), at least one wave over the queues."""
         hw = self.kb.hw
         total = tile.partitions * tile.free_size * tile.dtype.itemsize
-        size = STORE_BYTES
-        if self.plan.orientation == "n" and not self.rows_out and not self.plan.row_tiles:
-            size = min(size, (CHAIN_SHARE * seconds - hw.dma_fixed_ns * 1e-9) * hw.dma_queue_bytes_per_ns * 1e9)
-        size = min(size, SLACK_SHARE * (self.pe_total - self.clock) * hw.dma_queue_bytes_per_ns * 1e9)
+        size = min(STORE_BYTES, SLACK_SHARE * (self.pe_total - self.clock) * hw.dma_queue_bytes_per_ns * 1e9)
         return int(max(size, TAIL_BYTES, total / DMA_QUEUES))
 
     def store(self, tile: Tile, view: HbmView, pdim: int, box, m_dim: int, m_axis: int, size: int) -> None:

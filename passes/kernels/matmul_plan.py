@@ -170,7 +170,8 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
 
     row_tiles: a neighbour of the kernel is a row-wise kernel (a layer norm) that works in tiles of 128
     rows of M; with M moving ("n"), the plan then streams M in 128-row tiles (still full rate: K = 128,
-    M = 128, 128 moving columns) and has no ramp, so each step completes (or needs) one row tile and
+    M = 128, 128 moving columns), and with M on the partitions ("m") it keeps b resident (a streams by
+    in 128-row tiles); either way there is no ramp, so each step completes (or needs) one row tile and
     the row-wise kernel's tiles run beside the matmul's other steps instead of before or after all of
     them.
 
@@ -190,11 +191,11 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
     rate = DMA_QUEUES * hw.dma_queue_bytes_per_ns * 1e9      # bytes per second of all DMA queues
     batches = batch_indices(gemm.batch)
     best = None
-    for resident in ("b", "a"):
+    for resident in ("b",) if row_tiles and orientation == "m" else ("b", "a"):
         view, r_total, t_total = (gemm.b, gemm.n, gemm.m) if resident == "b" else (gemm.kx("a"), gemm.m, gemm.n)
         offsets = [batch_offset(view, i) for i in batches]
         copies, first_group = len(set(offsets)), offsets.count(offsets[0])
-        for moving in (PARTITIONS,) if row_tiles else MOVING_WIDTHS:
+        for moving in (PARTITIONS,) if row_tiles and orientation == "n" else MOVING_WIDTHS:
             s_tile, v_tile = min(PE_COLUMNS, xs), min(moving, xv)
             m_tile, n_tile = (s_tile, v_tile) if orientation == "m" else (v_tile, s_tile)
             r_tile, t_tile = (n_tile, m_tile) if resident == "b" else (m_tile, n_tile)

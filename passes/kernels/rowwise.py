@@ -15,7 +15,8 @@ Per row tile (P rows, C columns), the passes over the [P, C] data are:
 
 Row tiles are boxes of the input view: the leading dims are merged wherever the view's strides
 allow, the longest leading dim goes on the partitions, and when it is shorter than 128 several of
-its runs share a tile (one DMA each). Each DMA thus names one box and needs one free dim (C).
+its runs share a tile (one DMA each). Each DMA thus names one box and needs one free dim (C). When
+the producing matmul kept x in SBUF (tile.py hands_rows_on_chip), a row tile is read there instead.
 """
 from __future__ import annotations
 
@@ -125,9 +126,14 @@ class _Rows:
             yield {"pdim": pdim, "parts": parts, "segments": segments}
 
     def load(self, tile: dict) -> None:
-        """The row tile in x's own dtype (a converting DMA would move the wider type's bytes)."""
-        tile["x"] = x = self.kb.sbuf("x", self.x.dtype, tile["parts"], (self.c,))
+        """The row tile in x's own dtype (a converting DMA would move the wider type's bytes), or its place
+        in SBUF when the producer kept x there (tile.py hands_rows_on_chip)."""
         pdim = tile["pdim"]
+        kept = self.kb.program.kept.get(self.x.tensor)
+        if kept is not None:
+            tile["x"] = _kept_rows(kept, self.x, tile)
+            return
+        tile["x"] = x = self.kb.sbuf("x", self.x.dtype, tile["parts"], (self.c,))
         for p0, box in tile["segments"]:
             count = box[pdim][1]
             self.kb.dma_split(x.narrow(0, p0, count), self.x.box_ap(pdim, box + ((0, self.c),)), DMA_CHUNK)
@@ -137,6 +143,17 @@ class _Rows:
         for p0, box in tile["segments"]:
             count = box[pdim][1]
             self.kb.dma_split(self.out.box_ap(pdim, box + ((0, self.c),)), tile["y"].narrow(0, p0, count), DMA_CHUNK)
+
+
+def _kept_rows(kept: Tile, x: HbmView, tile: dict) -> Tile:
+    """Rows of a kept tile ([128, R / 128, C]: row r of the [R, C] tensor on partition r % 128, in block
+    r // 128) that one row tile of `x` covers; x must read the whole tensor row by row."""
+    (p0, box), = tile["segments"]
+    r0, count = box[tile["pdim"]]
+    rows, c = kept.shape[1] * PARTITIONS, kept.shape[2]
+    if x.offset or x.shape != (rows, c) or x.strides != (c, 1) or p0 or r0 % PARTITIONS:
+        raise ValueError(f"row-wise input {x} does not read the kept tile {kept.buffer} row by row")
+    return kept.select(1, r0 // PARTITIONS).narrow(0, 0, count)
 
 
 def pipelined(items: list, stages) -> None:

@@ -5,7 +5,7 @@ import pytest
 
 from trnc.isa import AP, DType, Engine, Instruction, Mem, get_target
 from trnc.isa import cost
-from trnc.isa.enums import ActFunc
+from trnc.isa.enums import ActFunc, AluOp
 
 TRN2 = get_target("trn2")
 
@@ -52,7 +52,8 @@ def test_activation_cycles(n, accum, expected):
 
 
 def test_vector_and_gpsimd_cycles():
-    tt = Instruction.make("tensor_tensor", dst=sb(128, 100), in0=sb(128, 100), in1=sb(128, 100))
+    f32 = DType.FP32
+    tt = Instruction.make("tensor_tensor", dst=sb(128, 100, f32), in0=sb(128, 100, f32), in1=sb(128, 100, f32))
     assert cost.cycles(tt, TRN2) == 200                       # max(64, 2N)
     ts = Instruction.make("tensor_scalar", Engine.POOL, dst=sb(128, 100), src=sb(128, 100))
     assert cost.cycles(ts, TRN2) == 150 + 100                 # GPSIMD_START + N on GpSimdE
@@ -92,3 +93,23 @@ def test_every_opcode_has_a_cost_that_runs():
     from trnc.isa.opcodes import TABLE
     for op in TABLE:
         assert callable(op.cost) and op.cost.__doc__, op.name
+
+
+def test_tensor_tensor_one_pass_cases():
+    """max(MIN_II, N) on VectorE with one input in PSUM (an evacuation adding a tile), or all operands bf16 in
+    SBUF with add/subtract/multiply and contiguous rows; 2N otherwise, and always 2N on GpSimdE."""
+    f32, bf16 = DType.FP32, DType.BF16
+    evac = Instruction.make("tensor_tensor", dst=sb(128, 512, f32), in0=ps(128, 512), in1=sb(128, 512, f32),
+                            op=AluOp.ADD)
+    assert cost.cycles(evac, TRN2) == 512
+    assert cost.cycles(evac.replace(engine=Engine.POOL), TRN2) == 1024
+    fast = Instruction.make("tensor_tensor", dst=sb(128, 300), in0=sb(128, 300), in1=sb(128, 300), op=AluOp.MUL)
+    assert cost.cycles(fast, TRN2) == 300
+    assert cost.cycles(fast.replace(args=tuple((k, AluOp.DIV if k == "op" else v) for k, v in fast.args)),
+                       TRN2) == 600                         # not add, subtract or multiply
+    strided = AP(Mem.SBUF, bf16, 128, ((2, 300),))
+    assert cost.cycles(Instruction.make("tensor_tensor", dst=sb(128, 300), in0=strided, in1=sb(128, 300),
+                                        op=AluOp.ADD), TRN2) == 600
+    mixed = Instruction.make("tensor_tensor", dst=sb(128, 300, f32), in0=sb(128, 300), in1=sb(128, 300),
+                             op=AluOp.ADD)
+    assert cost.cycles(mixed, TRN2) == 600                  # an fp32 operand

@@ -104,10 +104,12 @@ def test_footprints_never_miss_a_shared_byte():
     for _ in range(1500):
         aps = []
         for _ in range(2):
-            if rng.random() < 0.5:
+            if rng.random() < 0.5:   # rows on the partitions, or transposed: an outer free dim of larger stride
                 rows, cols = int(rng.integers(1, 6)), int(rng.integers(1, 6))
                 pstride = int(rng.integers(1, 12))
-                aps.append(AP(Mem.HBM, DType.FP32, rows, ((1, cols),), int(rng.integers(0, 40)) * 4, tensor=0,
+                free = ((1, cols),) if rng.random() < 0.5 else \
+                    ((int(rng.integers(1, 40)), int(rng.integers(1, 5))), (int(rng.integers(1, 4)), cols))
+                aps.append(AP(Mem.HBM, DType.FP32, rows, free, int(rng.integers(0, 40)) * 4, tensor=0,
                               partition_stride=pstride))
             else:
                 c0, c1, s0 = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(1, 10))
@@ -123,3 +125,18 @@ def test_footprints_never_miss_a_shared_byte():
         assert claimed or not exact, (a, b)
         missed_apart += boxes_meet and not exact and not claimed
     assert missed_apart > 10   # and the rows do tell apart accesses whose bounding boxes meet
+
+
+def test_transposed_stores_of_other_columns_are_apart():
+    """Stores of a token-major [512, 768] fp32 matrix with features on the partitions (a matmul's N on the
+    partitions): rows of tokens, each as wide as its feature block, so two feature blocks do not meet,
+    while a load of whole token rows meets both."""
+    from trnc.isa.ap import AP, Mem
+
+    def block(f0, features, t0, tokens):
+        return AP(Mem.HBM, DType.FP32, 128, ((128, features // 128), (768, tokens)), (t0 * 768 + f0) * 4,
+                  tensor=0, partition_stride=1)
+    first, second = races.footprint(block(0, 512, 0, 57)), races.footprint(block(512, 256, 0, 128))
+    assert not races.footprints_overlap(first, second)
+    rows = races.footprint(AP(Mem.HBM, DType.FP32, 21, ((1, 768),), 0, tensor=0, partition_stride=768))
+    assert races.footprints_overlap(rows, first) and races.footprints_overlap(rows, second)

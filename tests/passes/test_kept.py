@@ -1,4 +1,5 @@
-"""A matmul result kept in SBUF for the next matmul (tile.py keep_on_chip): no HBM traffic, the same result."""
+"""A matmul result kept in SBUF for the next kernel (tile.py keep_on_chip, hands_rows_on_chip): no HBM traffic,
+the same result."""
 from __future__ import annotations
 
 import numpy as np
@@ -74,3 +75,55 @@ def test_bf16_kept_value_matches_and_a_ragged_one_goes_through_hbm():
         assert (_hbm_touches(state, name) == 0) == kept
         assert _unused_tensors(state) == []
         assert harness.rel_err(got.astype(np.float64), _reference(x, *weights, BF16)) <= 1e-2
+
+
+def _linear_norm(m: int, k: int, n: int):
+    """x @ w + bias + residual, then a layer norm: the out-projection and layer norm of a transformer."""
+    x, res = harness.inp(0, (m, k), F32), harness.inp(1, (m, n), F32)
+    w = harness.const(RNG.standard_normal((k, n)) / np.sqrt(k), F32)
+    bias, lw, lb = (harness.const(RNG.standard_normal(n), F32) for _ in range(3))
+    mm = ir.Node("matmul", (x, w), (m, n), F32, {})
+    biased = ir.Node("binary", (mm, bias), (m, n), F32, {"op": "add"})
+    summed = ir.Node("binary", (biased, res), (m, n), F32, {"op": "add"})
+    ln = ir.Node("layer_norm", (summed, lw, lb), (m, n), F32, {"eps": 1e-5, "has_weight": True, "has_bias": True})
+    kernels = [ir.Kernel("matmul", [mm, biased, summed], partition_dim="m"), ir.Kernel("layer_norm", [ln])]
+    return [x, res], kernels, (w, bias, lw, lb)
+
+
+def _norm_reference(x, res, w, bias, lw, lb) -> np.ndarray:
+    h = x.astype(np.float64) @ w.attrs["value"] + bias.attrs["value"] + res
+    norm = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    return norm * lw.attrs["value"] + lb.attrs["value"]
+
+
+def test_rows_a_layer_norm_reads_stay_in_sbuf():
+    """With tokens on the partitions, the matmul evacuates each 128-row tile into SBUF and the layer norm
+    reads it there: the [m, n] sum is neither stored nor loaded. With m not a multiple of 128 it goes through
+    HBM as before. Both agree with float64 within fp32 accumulation error."""
+    for m, kept in ((256, True), (200, False)):
+        inputs, kernels, params = _linear_norm(m, 96, 160)
+        x, res = (RNG.standard_normal((m, c)).astype(np.float32) for c in (96, 160))
+        (got,), state = harness.compile_and_run(inputs, kernels, [x, res])
+        name = [t.name for t in state.tiles.tensors if t.name.startswith("t_")][0]
+        assert bool(state.tiles.kept) == kept
+        assert (_hbm_touches(state, name) == 0) == kept
+        assert harness.rel_err(got, _norm_reference(x, res, *params)) <= 1e-5
+
+
+def test_layout_puts_tokens_on_the_partitions_when_rows_can_stay_on_chip():
+    """The layout pass gives such a matmul "m" (tokens on the partitions) when its rows fit in KEEP_BYTES per
+    partition, and leaves the choice to its cost estimate when they do not."""
+    from trnc.isa.config import get_target
+    from trnc.passes.layout import choose_layouts
+    from trnc.passes.tile import KEEP_BYTES, hands_rows_on_chip
+    for m, n, fits in ((512, 768, True), (128 * 12, 768, False)):
+        assert (m // 128 * n * 4 <= KEEP_BYTES) == fits
+        inputs, kernels, _ = _linear_norm(m, 64, n)
+        kernels[0].partition_dim = None
+        nodes = [nd for k in kernels for nd in k.nodes]
+        consts = [i for nd in nodes for i in nd.inputs if i.op == "const"]
+        graph = ir.Graph(inputs + consts + nodes, inputs, [kernels[-1].output], kernels=kernels)
+        assert hands_rows_on_chip(graph, 0, graph.users()) == fits
+        stats = choose_layouts(graph, get_target("trn2"))
+        assert stats.get("rows_on_chip", 0) == fits
+        assert kernels[0].partition_dim in ("m", "n") and (kernels[0].partition_dim == "m" or not fits)
