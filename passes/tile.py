@@ -49,6 +49,26 @@ def hands_rows_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
     return rows % PARTITIONS == 0 and rows // PARTITIONS * out.shape[-1] * out.dtype.itemsize <= KEEP_BYTES
 
 
+def hands_transpose_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
+    """Whether kernel `index`, a layer norm, may also leave its result [*lead, C] transposed in SBUF for the
+    next kernel, a matmul that reads it as its `a` operand (C its contraction dim, on the partitions of
+    both operands) in its own dtype: the rows fill whole 128-row tiles, C whole 128-partition blocks, and
+    the copy takes at most KEEP_BYTES per partition. The layer norm transposes each normalized row tile on
+    TensorE and applies its weight and bias as per-partition operands while evacuating; the matmul then
+    starts on the first row tile without the HBM round trip (the result is still stored for its other
+    readers, such as the residual add after FFN2)."""
+    kernels = graph.kernels
+    kernel = kernels[index]
+    if kernel.kind != "layer_norm" or index + 1 >= len(kernels) or kernels[index + 1].kind != "matmul":
+        return False
+    out, nxt = kernel.output, kernels[index + 1]
+    reader = nxt.nodes[0]
+    if reader.inputs[0] is not out or reader.inputs[1] is out or (nxt.compute_dtype or out.dtype) != out.dtype:
+        return False
+    rows, c = math.prod(out.shape[:-1]), out.shape[-1]
+    return rows % PARTITIONS == 0 and c % PARTITIONS == 0 and c // PARTITIONS * rows * out.dtype.itemsize <= KEEP_BYTES
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", name)
 
@@ -198,6 +218,7 @@ class _Lowering:
             self.kb.row_tiles = self.next_to_rows(kernel)
             self.kb.keep_on_chip = self.keep_on_chip(k_index) or (
                 kernel.partition_dim == "m" and hands_rows_on_chip(self.graph, k_index, self.users))
+            self.kb.transpose_on_chip = hands_transpose_on_chip(self.graph, k_index, self.users)
             out = kernel.output
             ins = {n: self.view(n) for n in kernel.inputs}
             if out in self.views:   # a view its producer already wrote through (storage_for)

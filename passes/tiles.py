@@ -6,8 +6,9 @@ operands are already final APs over `TileProgram.tensors`. Allocate gives each B
 schedule picks an engine or DMA queue per instruction and derives the semaphores, emit builds the
 isa.Program. A value between kernels lives in HBM as an HbmView (a strided view of a tensor), so
 views (permute, expand, slice) cost nothing and are folded into the DMAs of their consumers; a
-matmul result that the next matmul reads as its contraction operand may instead stay in SBUF
-(`TileProgram.kept`), its HBM tensor then never written or read (emit drops its declaration).
+matmul result that the next kernel reads may instead stay in SBUF (`TileProgram.kept`), its HBM
+tensor then never written or read (emit drops its declaration), and a layer norm may leave the
+next matmul a transposed copy of its result in SBUF beside the HBM one (`TileProgram.transposed`).
 """
 from __future__ import annotations
 
@@ -238,9 +239,29 @@ class TileProgram:
     instrs: list[TileInstr] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)    # INPUT tensor names in call order
     outputs: list[str] = field(default_factory=list)   # OUTPUT tensor names in result order
-    # HBM tensors whose value lives in SBUF instead: tensor index -> a [128, N / 128, M] tile holding the
-    # feature-major [N, M] tensor (row n on partition n % 128, in block n // 128); see tile.py keep_on_chip
+    # HBM tensors [R, C] whose value lives in SBUF instead: tensor index -> a [128, R / 128, C] tile (row r on
+    # partition r % 128, in block r // 128); see tile.py keep_on_chip and hands_rows_on_chip
     kept: dict[int, Tile] = field(default_factory=dict)
+    # HBM tensors [R, C] whose transpose SBUF also holds: tensor index -> a [128, C / 128, R] tile (column c on
+    # partition c % 128, in block c // 128); see tile.py hands_transpose_on_chip
+    transposed: dict[int, Tile] = field(default_factory=dict)
+
+    def on_chip(self, kx: HbmView) -> Tile | None:
+        """The SBUF tile [128, K / 128, X] that holds the matmul operand view `kx` ([*batch, K, X]) when tile.py
+        keeps its tensor on chip: row k on partition k % 128, in block k // 128. Either the kept [K, X]
+        tensor, read row by row (the view must be the whole tensor so), or the transposed copy of an [X, K]
+        tensor, read as its transpose (else the operand loads from the HBM copy). None: in HBM only."""
+        k, x = kx.shape[-2:]
+        if kx.tensor in self.kept:
+            kept = self.kept[kx.tensor]
+            if kx.offset or kx.strides[-2:] != (x, 1) or (k, x) != (kept.shape[1] * PARTITIONS, kept.shape[2]):
+                raise ValueError(f"operand view {kx} does not read the kept tile {kept.buffer} row by row")
+            return kept
+        copy = self.transposed.get(kx.tensor)
+        if copy is None or kx.offset or kx.strides[-2:] != (1, k) or \
+                (k, x) != (copy.shape[1] * PARTITIONS, copy.shape[2]):
+            return None
+        return copy
 
     def text(self) -> str:
         lines = [f"tensor {i} {t.name}: {t.kind.text} {t.dtype.text}{list(t.shape)}"
@@ -258,6 +279,7 @@ class KernelBuilder:
         self.kernel = kernel
         self.row_tiles = False   # a neighbour of the kernel is row-wise (matmul_plan.make_plan)
         self.keep_on_chip = False   # the kernel's result may stay in SBUF for the next kernel (tile.py)
+        self.transpose_on_chip = False   # the next kernel's matmul may read the result's transpose in SBUF
 
     @property
     def hw(self) -> HwConfig:

@@ -103,7 +103,8 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
     orientation = kernel.partition_dim or choose_orientation(gemm)
     if orientation not in ("m", "n"):
         raise UnsupportedOpError(f"matmul %{mm.name}: partition_dim {orientation!r} is not 'm' or 'n'{mm.where()}")
-    kept = sum(kb.program.kept[v.tensor].buffer.nbytes for v in (gemm.a, gemm.b) if v.tensor in kb.program.kept)
+    on_chip = {**kb.program.kept, **kb.program.transposed}
+    kept = sum(on_chip[v.tensor].buffer.nbytes for v in (gemm.a, gemm.b) if v.tensor in on_chip)
     if kb.keep_on_chip:
         kept += gemm.n * gemm.m // PARTITIONS * gemm.out.dtype.itemsize
     plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles, kept)
@@ -151,9 +152,9 @@ class _Region:
         """Load the next chunk: as many k-tiles as one DMA of `dma_bytes` holds, or one k-tile in several
         DMAs when it is larger. Returns the chunk's bytes."""
         e, (x0, width) = self.e, self.cols
-        kept = e.kb.program.kept.get(e.kx[self.side].tensor)
-        if kept is not None:      # the operand is in SBUF already (tile.py keep_on_chip): no DMA
-            self.tiles += [(_kept_operand(kept, e.kx[self.side], x0, width), kt) for kt in range(self.kt, e.k_tiles)]
+        kept = e.kb.program.on_chip(e.kx[self.side])
+        if kept is not None:      # the operand is in SBUF already (tile.py): no DMA
+            self.tiles += [(kept.narrow(2, x0, width), kt) for kt in range(self.kt, e.k_tiles)]
             self.kt = e.k_tiles
             return 0
         full = e.gemm.k // PARTITIONS
@@ -582,16 +583,6 @@ class _Emitter:
             rows = min(step, count - i)
             part = (*box[:m_dim], (start + i, rows), *box[m_dim + 1:])
             self.dma(view.box_ap(pdim, part), tile.narrow(m_axis, i, rows), split)
-
-
-def _kept_operand(kept: Tile, kx: HbmView, x0: int, width: int) -> Tile:
-    """Columns [x0, x0 + width) of a kept tile ([128, K / 128, X]: row k of the [K, X] operand on partition
-    k % 128, in block k // 128) as [128, K / 128, width], for the operand view `kx` ([*batch, K, X]) that
-    reads the kept tensor; the view must be the whole tensor in that layout (tile.py keep_on_chip)."""
-    k, x = kx.shape[-2:]
-    if kx.offset or kx.strides[-2:] != (x, 1) or (k, x) != (kept.shape[1] * PARTITIONS, kept.shape[2]):
-        raise ValueError(f"operand view {kx} does not read the kept tile {kept.buffer} row by row")
-    return kept.narrow(2, x0, width)
 
 
 def _split(view: HbmView, dim: int, inner: int) -> HbmView:

@@ -35,6 +35,7 @@ from trnc.passes.tiles import HbmView, KernelBuilder, Tile
 FP32 = DType.FP32
 # tensor_scalar with sub/div is not a ScalarE op (isa/verify.py ACT_SCALAR_OPS)
 DVE_POOL = (Engine.DVE, Engine.POOL)
+PSUM_READERS = (Engine.ACT, Engine.DVE)   # GpSimdE cannot reach PSUM
 SBUF_ALIGN = 64    # passes/allocate.py rounds every SBUF buffer up to this many bytes
 DMA_CHUNK = 1 << 15   # bytes per DMA: a tile's transfer spreads over queues and the first rows arrive early
 
@@ -211,6 +212,7 @@ def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) 
     tiles = list(rows.tiles())
     w = broadcast_rows(kb, "weight", views[weight], tiles[0]["parts"]) if weight is not None else None
     b = broadcast_rows(kb, "bias", views[bias], tiles[0]["parts"]) if bias is not None else None
+    copy = _transposed_copy(kb, rows, node.dtype, *(views[p] if p is not None else None for p in (weight, bias)))
 
     def statistics(tile: dict) -> None:
         parts, x = tile["parts"], tile["x"]
@@ -233,11 +235,69 @@ def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) 
         t = kb.sbuf("t", FP32, parts, (c,)) if steps else y
         kb.emit("tensor_scalar", dst=t, src=tile["x"], op0=AluOp.ADD, scalar0_ap=tile["nmean"], op1=AluOp.MUL,
                 scalar1_ap=tile["rstd"])
+        if copy is not None:
+            copy.add(tile, t)
         for i, (op, param) in enumerate(steps):
-            kb.emit("tensor_tensor", dst=y if i == len(steps) - 1 else t, in0=t, in1=param, op=op)
+            # in place but for the transposed copy's tiles, which read t while the steps run
+            dst = y if i == len(steps) - 1 else t if copy is None else kb.sbuf("tw", FP32, parts, (c,))
+            kb.emit("tensor_tensor", dst=dst, in0=t, in1=param, op=op)
+            t = dst
         rows.store(tile)
 
     pipelined(tiles, ((0, rows.load), (1, statistics), (2, finish)))
+
+
+class _TransposedCopy:
+    """The transpose of a layer norm's result in SBUF for the next matmul (tile.py hands_transpose_on_chip):
+    one [128, C / 128, R] tile, column c on partition c % 128, in block c // 128, registered in the
+    program's `transposed`. Each normalized fp32 row tile goes through TensorE in [128, 128] blocks (bits
+    moved exactly) and the weight and bias, now per-partition operands, are applied as each block leaves
+    PSUM: fp32 multiply, then add, then one rounding, as the row-major result computes them, so both
+    copies hold the same values."""
+
+    def __init__(self, kb: KernelBuilder, rows: _Rows, dtype: DType, weight: HbmView | None, bias: HbmView | None):
+        self.kb, self.rows = kb, rows
+        r, c = rows.x.shape
+        self.tile = kb.sbuf("transposed", dtype, PARTITIONS, (c // PARTITIONS, r))
+        kb.program.transposed[rows.out.tensor] = self.tile
+        self.params = [(op, _columns(kb, name, view)) for op, name, view in
+                       ((AluOp.MUL, "weight_cols", weight), (AluOp.ADD, "bias_cols", bias)) if view is not None]
+
+    def add(self, tile: dict, t: Tile) -> None:
+        """Blocks of the normalized row tile `t` ([128, C] fp32), through TensorE into their place."""
+        (_, box), = tile["segments"]
+        r0, parts = box[tile["pdim"]]
+        for j in range(self.tile.shape[1]):
+            block = self.kb.psum("tr", PARTITIONS, (parts,))
+            self.kb.emit("transpose", dst=block, src=t.narrow(1, j * PARTITIONS, PARTITIONS))
+            dst = self.tile.select(1, j).narrow(1, r0, parts)
+            fields = {}
+            for k, (op, cols) in enumerate(self.params):
+                fields.update({f"op{k}": op, f"scalar{k}_ap": cols.narrow(1, j, 1)})
+            self.kb.emit("tensor_scalar" if fields else "tensor_copy", PSUM_READERS, dst=dst, src=block, **fields)
+
+
+def _transposed_copy(kb: KernelBuilder, rows: _Rows, dtype: DType, weight: HbmView | None,
+                     bias: HbmView | None) -> _TransposedCopy | None:
+    """The transposed copy when tile.py asks for one and the rows allow it (one row dim, whole row tiles,
+    C whole blocks of 128, the result stored as a whole [R, C] tensor)."""
+    out = rows.out
+    if not kb.transpose_on_chip or len(rows.x.shape) != 2 or out.offset or out.strides != (rows.c, 1):
+        return None
+    r, c = rows.x.shape
+    if r % PARTITIONS or c % PARTITIONS or any(v is not None and v.shape != (c,) for v in (weight, bias)):
+        return None
+    return _TransposedCopy(kb, rows, dtype, weight, bias)
+
+
+def _columns(kb: KernelBuilder, name: str, view: HbmView) -> Tile:
+    """The 1-D [C] `view` as fp32 per-partition columns [128, C / 128]: element c on partition c % 128."""
+    (c,) = view.shape
+    tile = kb.sbuf(name, FP32, PARTITIONS, (c // PARTITIONS,))
+    stride = view.strides[0]
+    src = HbmView(view.tensor, view.dtype, (PARTITIONS, c // PARTITIONS), (stride, stride * PARTITIONS), view.offset)
+    kb.dma(tile, src.box_ap(0, ((0, PARTITIONS), (0, c // PARTITIONS))))
+    return tile
 
 
 def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:

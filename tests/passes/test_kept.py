@@ -127,3 +127,35 @@ def test_layout_puts_tokens_on_the_partitions_when_rows_can_stay_on_chip():
         stats = choose_layouts(graph, get_target("trn2"))
         assert stats.get("rows_on_chip", 0) == fits
         assert kernels[0].partition_dim in ("m", "n") and (kernels[0].partition_dim == "m" or not fits)
+
+
+def _norm_linear(m: int, c: int, n: int, dtype: DType):
+    """A layer norm read by the next matmul as its `a` operand (LN1 -> FFN1), the norm also a model output."""
+    x = harness.inp(0, (m, c), F32)
+    lw, lb = (harness.const(RNG.standard_normal(c), F32) for _ in range(2))
+    w = harness.const(RNG.standard_normal((c, n)) / np.sqrt(c), dtype)
+    ln = ir.Node("layer_norm", (x, lw, lb), (m, c), dtype, {"eps": 1e-5, "has_weight": True, "has_bias": True})
+    mm = ir.Node("matmul", (ln, w), (m, n), F32, {})
+    kernels = [ir.Kernel("layer_norm", [ln]), ir.Kernel("matmul", [mm], partition_dim="n", compute_dtype=dtype)]
+    return [x], kernels, (lw, lb, w)
+
+
+def test_a_layer_norm_leaves_the_next_matmul_its_transpose_in_sbuf():
+    """The matmul reads its `a` operand from the layer norm's transposed SBUF copy (its HBM tensor is only
+    written, for the other reader); both copies hold the same values: the matmul's result equals the
+    product of the stored norm, in fp32 and bf16. With rows not a multiple of 128 there is no copy."""
+    for m, dtype, kept in ((256, F32, True), (256, BF16, True), (200, F32, False)):
+        inputs, kernels, (lw, lb, w) = _norm_linear(m, 256, 96, dtype)
+        x = RNG.standard_normal((m, 256)).astype(np.float32)
+        (norm, got), state = harness.compile_and_run(inputs, kernels, [x], outputs=[k.output for k in kernels])
+        assert bool(state.tiles.transposed) == kept
+        index = [t.name for t in state.program.tensors].index("out0")
+        loads = sum(1 for ins in state.program.instructions for _, ap, write in ins.operands()
+                    if not write and ap.mem is Mem.HBM and ap.tensor == index)
+        assert (loads == 0) == kept                 # no DMA reads the norm back from HBM
+        product = norm.astype(np.float64) @ w.attrs["value"].astype(np.float64)
+        assert harness.rel_err(got, product) <= 1e-6   # fp32 accumulation of the same operands
+        h = x.astype(np.float64)
+        ref = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+        ref = ref * lw.attrs["value"] + lb.attrs["value"]
+        assert harness.rel_err(norm, ref) <= (1e-5 if dtype is F32 else 2.0 ** -8)
