@@ -11,7 +11,8 @@ Per row tile (P rows, C columns), the passes over the [P, C] data are:
 - log_softmax: max (DVE), exp(x - max) for its row sum only (ACT), x - max - log(sum) (DVE/POOL);
 - layer_norm:  sum(x0 - x) with x0 the row's first element (ACT, see _layer_norm), (x - mean)^2
   with its row sum accumulated (ACT), (x - mean) * rstd (any engine), then * weight and + bias
-  (DVE/POOL), the weight and bias rows loaded once per kernel and copied to all partitions.
+  (DVE/POOL), the weight and bias rows loaded once per kernel and copied to all partitions; the
+  kernel's last row tile does these passes and its store in two column halves, which shortens the tail.
 
 Row tiles are boxes of the input view: the leading dims are merged wherever the view's strides
 allow, the longest leading dim goes on the partitions, and when it is shorter than 128 several of
@@ -139,11 +140,13 @@ class _Rows:
             count = box[pdim][1]
             self.kb.dma_split(x.narrow(0, p0, count), self.x.box_ap(pdim, box + ((0, self.c),)), DMA_CHUNK)
 
-    def store(self, tile: dict) -> None:
-        pdim = tile["pdim"]
+    def store(self, tile: dict, columns: tuple[int, int] | None = None) -> None:
+        """The row tile's result, or its `columns` (start, count)."""
+        pdim, (c0, width) = tile["pdim"], columns or (0, self.c)
         for p0, box in tile["segments"]:
             count = box[pdim][1]
-            self.kb.dma_split(self.out.box_ap(pdim, box + ((0, self.c),)), tile["y"].narrow(0, p0, count), DMA_CHUNK)
+            self.kb.dma_split(self.out.box_ap(pdim, box + ((c0, width),)),
+                              tile["y"].narrow(0, p0, count).narrow(1, c0, width), DMA_CHUNK)
 
 
 def _kept_rows(kept: Tile, x: HbmView, tile: dict) -> Tile:
@@ -232,17 +235,23 @@ def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) 
         parts, y = tile["parts"], tile["y"]
         steps = [(AluOp.MUL, t.narrow(0, 0, parts)) for t in (w,) if t is not None] + \
                 [(AluOp.ADD, t.narrow(0, 0, parts)) for t in (b,) if t is not None]
-        t = kb.sbuf("t", FP32, parts, (c,)) if steps else y
-        kb.emit("tensor_scalar", dst=t, src=tile["x"], op0=AluOp.ADD, scalar0_ap=tile["nmean"], op1=AluOp.MUL,
-                scalar1_ap=tile["rstd"])
-        if copy is not None:
-            copy.add(tile, t)
-        for i, (op, param) in enumerate(steps):
-            # in place but for the transposed copy's tiles, which read t while the steps run
-            dst = y if i == len(steps) - 1 else t if copy is None else kb.sbuf("tw", FP32, parts, (c,))
-            kb.emit("tensor_tensor", dst=dst, in0=t, in1=param, op=op)
-            t = dst
-        rows.store(tile)
+        whole = kb.sbuf("t", FP32, parts, (c,)) if steps else y
+        # the kernel's last row tile goes in column halves: two engines share its passes, and the first half
+        # stores while the second computes (the kernel's tail after its last statistics is shorter)
+        last = tile is tiles[-1] and len(tiles) > 1 and copy is None and c >= PARTITIONS
+        for c0, width in ((0, c // 2), (c // 2, c - c // 2)) if last else ((0, c),):
+            t = whole.narrow(1, c0, width)
+            kb.emit("tensor_scalar", dst=t, src=tile["x"].narrow(1, c0, width), op0=AluOp.ADD,
+                    scalar0_ap=tile["nmean"], op1=AluOp.MUL, scalar1_ap=tile["rstd"])
+            if copy is not None:
+                copy.add(tile, t)
+            for i, (op, param) in enumerate(steps):
+                # in place but for the transposed copy's tiles, which read t while the steps run
+                dst = y.narrow(1, c0, width) if i == len(steps) - 1 else \
+                    t if copy is None else kb.sbuf("tw", FP32, parts, (width,))
+                kb.emit("tensor_tensor", dst=dst, in0=t, in1=param.narrow(1, c0, width), op=op)
+                t = dst
+            rows.store(tile, (c0, width))
 
     pipelined(tiles, ((0, rows.load), (1, statistics), (2, finish)))
 

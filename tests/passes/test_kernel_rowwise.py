@@ -162,6 +162,22 @@ def test_layer_norm_wide_rows_with_an_offset_eps_and_bf16_output():
             assert (np.abs(got - ref) <= BF16_U * np.abs(ref) + TOL * np.abs(ref).max()).all()
 
 
+def test_layer_norm_last_row_tile_in_column_halves_of_an_odd_width():
+    """The last row tile's passes and store go in two column halves (100 and 101 columns here): every column
+    of every row is written, and right."""
+    c = 201
+    x, w, b = harness.inp(0, (300, c), F32), harness.inp(1, (c,), F32), harness.inp(2, (c,), F32)
+    a, wa, ba = randn(300, c, scale=2.0), randn(c), randn(c)
+    ln = rowwise("layer_norm", [x, w, b], (300, c), eps=1e-5, has_weight=True, has_bias=True)
+    outs, state = harness.compile_and_run([x, w, b], [ir.Kernel("layer_norm", [ln])], [a, wa, ba])
+    widths = sorted({ins["dst"].free_size for ins in state.program.instructions
+                     if ins.opcode == "tensor_tensor"})
+    assert widths == [100, 101, 201]
+    ref = torch.nn.functional.layer_norm(torch.from_numpy(a), (c,), torch.from_numpy(wa), torch.from_numpy(ba),
+                                         1e-5).numpy()
+    assert rel_err(outs[0], ref) <= TOL
+
+
 # -- limits ------------------------------------------------------------------------------------------
 
 def test_a_row_too_long_for_sbuf_is_an_error_naming_the_size():
