@@ -271,4 +271,5 @@ class Tile:
     def run(self, state) -> dict:
         state.tiles = _Lowering(state).run()
         return {"tile_instructions": len(state.tiles.instrs), "buffers": len(state.tiles.buffers),
-                "hbm_tensors": len(state.tiles.tensors), "kept_on_chip": len(state.tiles.kept)}
+                "hbm_tensors": len(state.tiles.tensors), "kept_on_chip": len(state.tiles.kept),
+                "transposed_on_chip": len(state.tiles.transposed)}

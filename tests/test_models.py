@@ -137,8 +137,20 @@ def _hf(kind):
                              num_key_value_heads=2, vocab_size=120, max_position_embeddings=64, use_cache=False,
                              attn_implementation="sdpa")
         model = tf.LlamaModel(cfg)
+    _randomize_norms(model)
     ids = torch.randint(0, 120, (2, 16))
     return model.eval(), (ids,)
+
+
+def _randomize_norms(model: nn.Module) -> None:
+    """Norm layers start as weight 1 and bias 0, which would hide a kernel that drops them."""
+    with torch.no_grad():
+        for module in model.modules():
+            if "Norm" in type(module).__name__:
+                if getattr(module, "weight", None) is not None:
+                    module.weight.normal_(1.0, 0.3)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.normal_(0.0, 0.3)
 
 
 @pytest.mark.slow
@@ -174,3 +186,28 @@ def test_static_shapes_are_checked():
     with pytest.raises(Exception, match="compiled for"):
         compiled(torch.randn(9, 48))
     assert np.isfinite(compiled(torch.randn(8, 48)).numpy()).all()
+
+
+@pytest.mark.slow
+def test_bert_with_values_kept_on_chip_between_kernels():
+    """A BERT whose shapes fill 128-row tiles (seq 128, hidden 128), so values stay in SBUF between
+    kernels: each out-projection and FFN2 sum for its layer norm (tile.py hands_rows_on_chip), each FFN1
+    output for FFN2, and each layer norm's transposed result for the matmul after it (the embeddings' and
+    LN2 for the next QKV, LN1 for FFN1; hands_transpose_on_chip). fp32 within 1e-5
+    and bit-exact against the reference; bf16 auto_cast="all" within the kernel-depth bound."""
+    import transformers as tf
+    from trnc.capture import capture
+    from trnc.isa.config import get_target
+    from trnc.passes.pipeline import CompileState, Options, run_pipeline
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                        vocab_size=120, max_position_embeddings=128, attn_implementation="sdpa")
+    model, args = tf.BertModel(cfg).eval(), (torch.randint(0, 120, (1, 128)),)
+    _randomize_norms(model)
+    state = CompileState(capture(model, args)[0], Options("bf16", "all"), get_target("trn2"))
+    run_pipeline(state)
+    assert state.stats["tile"]["kept_on_chip"] == 3 * 2 and state.stats["tile"]["transposed_on_chip"] == 2 * 2
+    rel, _ = _compare(model, args)
+    assert rel <= 1e-5
+    rel, _ = _compare(model, args, precision="bf16", auto_cast="all", bit_exact=False)
+    assert rel <= _depth_bound(model, args)
