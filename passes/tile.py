@@ -42,8 +42,10 @@ def hands_rows_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
     kernel = kernels[index]
     if kernel.kind != "matmul" or index + 1 >= len(kernels) or kernels[index + 1].kind not in ROW_WISE:
         return False
-    out, reader = kernel.output, kernels[index + 1].nodes[0]
+    out, reader, weight = kernel.output, kernels[index + 1].nodes[0], kernel.nodes[0].inputs[1]
     if users[out] != [reader] or reader.inputs[0] is not out or out in graph.outputs or len(out.shape) < 2:
+        return False
+    if math.prod(weight.shape[:-2]) != 1:   # one b for every batch index, so the rows fold into one M
         return False
     rows = math.prod(out.shape[:-1])
     return rows % PARTITIONS == 0 and rows // PARTITIONS * out.shape[-1] * out.dtype.itemsize <= KEEP_BYTES

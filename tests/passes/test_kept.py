@@ -110,6 +110,22 @@ def test_rows_a_layer_norm_reads_stay_in_sbuf():
         assert harness.rel_err(got, _norm_reference(x, res, *params)) <= 1e-5
 
 
+def test_rows_a_softmax_reads_stay_in_sbuf():
+    """The same hand-over to a softmax (scores of an unfused attention): kept, and the softmax of the product."""
+    m, k, n = 256, 64, 200
+    x = harness.inp(0, (m, k), F32)
+    w = harness.const(RNG.standard_normal((k, n)) / np.sqrt(k), F32)
+    mm = ir.Node("matmul", (x, w), (m, n), F32, {})
+    sm = ir.Node("softmax", (mm,), (m, n), F32, {})
+    kernels = [ir.Kernel("matmul", [mm], partition_dim="m"), ir.Kernel("softmax", [sm])]
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    (got,), state = harness.compile_and_run([x], kernels, [a])
+    assert len(state.tiles.kept) == 1
+    scores = a.astype(np.float64) @ w.attrs["value"]
+    ref = np.exp(scores - scores.max(-1, keepdims=True))
+    assert harness.rel_err(got, ref / ref.sum(-1, keepdims=True)) <= 1e-5
+
+
 def test_layout_puts_tokens_on_the_partitions_when_rows_can_stay_on_chip():
     """The layout pass gives such a matmul "m" (tokens on the partitions) when its rows fit in KEEP_BYTES per
     partition, and leaves the choice to its cost estimate when they do not."""
