@@ -23,6 +23,7 @@ from trnc.errors import VerifyError
 from trnc.isa import races
 from trnc.isa.ap import AP, MAX_AP_ELEMENTS, MAX_COUNT, MAX_FREE_DIMS, STRIDE_LIMIT, Engine, Mem
 from trnc.isa.config import DMA_QUEUES, MOVING_FMAX, PE_COLUMNS, TARGETS, HwConfig, get_target
+from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import MATMUL_DTYPES, MX_BLOCK, MX_FORMATS, DType
 from trnc.isa.enums import COMPARISONS, AluOp, Rounding
 from trnc.isa.opcodes import BY_NAME, Kind
@@ -555,27 +556,26 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     formed; a race is reported once per pair of instructions, at the later one in the happens-before order.
     """
     ctx = _Ctx(program, hw if hw is not None else _target(program))
-    found: list[Violation] = []
-    sound: list[int] = []
-    # The rules read only the fields, so instructions repeated by loops (same operands, other semaphores) are
-    # checked once.
+    found, sound = [], []   # violations; the instructions whose operands are well formed
+    # Instructions repeated by loops (same fields, other semaphores) are checked once: the rules read only fields.
     memo: dict[tuple, tuple[list[Problem], bool]] = {}
-    for i, ins in enumerate(program.instructions):
-        key = (ins.opcode, ins.engine, ins.queue, ins.args)
-        try:
-            problems, ok = memo[key]
-        except KeyError:
-            problems, ok = memo[key] = _instruction(ctx, ins)
-        except TypeError:                     # an unhashable field value: an ill-formed instruction
-            problems, ok = _instruction(ctx, ins)
-        found.extend(Violation(i, rule, msg) for rule, msg in problems)
-        if ok:
-            sound.append(i)
-    ordering, problems = races.order(program)
-    found.extend(Violation(i, rule, msg) for i, rule, msg in problems)
-    if ordering is not None:
-        describe = partial(assembly, program)
-        found.extend(Violation(i, rule, msg) for i, rule, msg in races.find_races(program, ordering, sound, describe))
+    with no_gc():   # hundreds of thousands of small live objects: collecting would free none
+        for i, ins in enumerate(program.instructions):
+            key = (ins.opcode, ins.engine, ins.queue, ins.args)
+            try:
+                problems, ok = memo[key]
+            except KeyError:
+                problems, ok = memo[key] = _instruction(ctx, ins)
+            except TypeError:                     # an unhashable field value: an ill-formed instruction
+                problems, ok = _instruction(ctx, ins)
+            found.extend(Violation(i, rule, msg) for rule, msg in problems)
+            if ok:
+                sound.append(i)
+        ordering, problems = races.order(program)
+        found.extend(Violation(*p) for p in problems)
+        if ordering is not None:
+            describe = partial(assembly, program)
+            found.extend(Violation(*p) for p in races.find_races(program, ordering, sound, describe))
     found.sort(key=lambda v: v.index)
     return found
 

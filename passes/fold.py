@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from trnc import ir
 from trnc.interpret import array_of, evaluate, tensor_of
 
@@ -21,8 +23,18 @@ def too_big_to_fold(numel: int, input_numels: list[int]) -> bool:
 
 
 def const_value(node: ir.Node):
-    """The torch tensor of a const node, in its shape."""
-    return tensor_of(node.attrs["value"], node.dtype).reshape(node.shape)
+    """The torch tensor of a const node, in its shape: a view of the node's array when torch can hold it as is
+    (copying every weight a transpose folds costs more than the transpose), else the interpreter's copy. The
+    interpreter's ops never write into their inputs, and FoldConstants copies a result that is a view of one."""
+    value = node.attrs["value"]
+    if value.dtype == node.dtype.storage and value.dtype.kind in "biuf" and value.flags.c_contiguous \
+            and value.flags.writeable:
+        return torch.from_numpy(value).reshape(node.shape)
+    return tensor_of(value, node.dtype).reshape(node.shape)
+
+
+def _shares_memory(t: torch.Tensor, inputs: list[torch.Tensor]) -> bool:
+    return any(t.untyped_storage().data_ptr() == i.untyped_storage().data_ptr() for i in inputs)
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,10 @@ class FoldConstants:
             if not foldable:
                 nodes.append(n)
                 continue
-            value = evaluate(n, [const_value(i) for i in n.inputs])
+            args = [const_value(i) for i in n.inputs]
+            value = evaluate(n, args)
+            if _shares_memory(value, args):   # a view (reshape, copy): the new const gets its own array
+                value = value.clone()
             const = ir.Node("const", (), n.shape, n.dtype, {"value": array_of(value, n.dtype)}, n.name, n.source)
             replaced[n] = const
             nodes.append(const)

@@ -51,6 +51,8 @@ def merge_matmuls(graph: ir.Graph) -> dict:
         with_bias = all(b is not None and b not in graph.outputs for b in biases)
         _merge(graph, a, group, biases if with_bias else None)
         merged += len(group)
+    if merged:
+        graph.prune()   # once for all groups: each merge leaves the node list topological, with dead nodes
     return {"matmuls_merged": merged}
 
 
@@ -82,7 +84,6 @@ def _merge(graph: ir.Graph, a: ir.Node, group: list[ir.Node], biases: list[ir.No
     graph.nodes[at:at] = new + [s for _, s in slices]
     for end, s in slices:
         replace_uses(graph, end, s)
-    graph.prune()
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ layer norm's stores), so the output lists the instructions by estimated start, w
 order (an instruction starts after everything it depends on finishes) and each queue's order.
 
 Semaphores: instructions keep the order above within a queue. Between queues, every pair of
-accesses to overlapping bytes, one a write, needs an order; the pass finds the conflicting earlier
-instructions (memory tracked in buckets, entries pruned once a covering write orders them), then
+accesses to overlapping bytes, one a write, needs an order; the pass finds the latest conflicting earlier
+instruction of each queue (memory tracked in buckets, entries pruned once a covering write orders them), then
 drops every wait already implied by a vector clock, so each instruction waits at most once per
 other queue. Semaphore q counts completions of the instructions of queue q that someone waits for.
 """
@@ -24,58 +24,102 @@ from dataclasses import dataclass
 from trnc.isa import cost
 from trnc.isa.ap import Engine, Mem
 from trnc.isa.config import DMA_QUEUES
+from trnc.isa.decoding import no_gc
 from trnc.isa.races import footprint, footprints_overlap
 from trnc.isa.program import Instruction
 from trnc.passes.tiles import TileProgram
 
 COMPUTE = (Engine.PE, Engine.ACT, Engine.DVE, Engine.POOL)
-NQ = len(COMPUTE) + DMA_QUEUES
+FIRST_DMA = len(COMPUTE)
+NQ = FIRST_DMA + DMA_QUEUES
 BUCKET = {Mem.SBUF: 512, Mem.PSUM: 2048, Mem.HBM: 1 << 16}
 MAX_GAPS = 64   # gaps remembered per queue (the latest): bounds the search, and old gaps are rarely usable
 
 
 def queue_index(engine: Engine, dma_queue: int = 0) -> int:
-    return len(COMPUTE) + dma_queue if engine is Engine.DMA else COMPUTE.index(engine)
+    return FIRST_DMA + dma_queue if engine is Engine.DMA else COMPUTE.index(engine)
 
 
 class _Memory:
-    """Recent accesses per bucket of bytes: (footprint, instruction index) lists for reads and for writes."""
+    """Recent accesses per bucket of bytes, for reads and for writes: per partition range, then per queue,
+    (start, index, footprint) entries sorted by start (the queue's order).
+
+    The schedule needs, of the earlier instructions that conflict with an access, only the latest on each
+    queue (its semaphore position, and, since a queue runs one instruction at a time, its finish is the
+    queue's latest): so a scan walks each queue's entries from the latest and stops at the first conflict
+    or at an entry no later than the best already found, instead of testing every entry. Grouping by
+    partition range lets a scan, and the pruning by a write to a few partitions, skip the others at once."""
 
     def __init__(self):
-        self.reads: dict[tuple, list] = defaultdict(list)
-        self.writes: dict[tuple, list] = defaultdict(list)
+        self.tables: tuple[dict, dict] = ({}, {})   # reads, writes: bucket -> (p0, p1) -> queue -> entries
+        self.sizes: tuple[dict, dict] = ({}, {})    # reads, writes: bucket -> number of entries
+        self.low, self.high = 0, 0   # the lowest first partition and the highest end partition recorded
 
-    @staticmethod
-    def buckets(box):
-        key, _, _, b0, b1 = box[:5]
+    def latest_conflicts(self, box, write: bool, latest: dict[int, tuple[float, int]]) -> None:
+        """Raise latest[q] to the (start, index) of the last instruction of queue q whose access conflicts."""
+        key, p0, p1, b0, b1 = box[:5]
         size = BUCKET[key[0]]
-        return [(key, k) for k in range(b0 // size, (b1 - 1) // size + 1)]
-
-    def conflicts(self, box, write: bool) -> set[int]:
-        _, p0, p1, b0, b1 = box[:5]
-        found = set()
-        tables = (self.writes, self.reads) if write else (self.writes,)
-        for bucket in self.buckets(box):
+        tables = self.tables if write else self.tables[1:]
+        for k in range(b0 // size, (b1 - 1) // size + 1):
+            bucket = (key, k)
             for table in tables:
-                for e, index in table.get(bucket, ()):
-                    if e[1] < p1 and p0 < e[2] and e[3] < b1 and b0 < e[4] and index not in found and \
-                            footprints_overlap(box, e):
-                        found.add(index)
-        return found
+                groups = table.get(bucket)
+                if not groups:
+                    continue
+                for (e0, e1), per_queue in groups.items():
+                    if not (e0 < p1 and p0 < e1):
+                        continue
+                    for q, entries in per_queue.items():
+                        best = latest.get(q)
+                        for j in range(len(entries) - 1, -1, -1):
+                            start, index, e = entries[j]
+                            if best is not None and (start, index) <= best:
+                                break
+                            if e[3] < b1 and b0 < e[4] and footprints_overlap(box, e):
+                                latest[q] = (start, index)
+                                break
 
-    def record(self, box, write: bool, index: int):
+    def record(self, box, write: bool, entry: tuple[float, int, tuple], queue: int) -> None:
         key, p0, p1, b0, b1, stride, _ = box
         size = BUCKET[key[0]]
-        for bucket in self.buckets(box):
-            lo, hi = bucket[1] * size, (bucket[1] + 1) * size
+        self.low, self.high = min(self.low, p0), max(self.high, p1)
+        for k in range(b0 // size, (b1 - 1) // size + 1):
+            bucket = (key, k)
             if write and not stride:   # entries this dense write covers (in the bucket) are ordered through it
-                cb0, cb1 = max(b0, lo), min(b1, hi)
-                for table in (self.reads, self.writes):
-                    entries = table.get(bucket)
-                    if entries and len(entries) > 4:   # short lists cost less to scan than to prune
-                        table[bucket] = [(e, i) for e, i in entries if not (
-                            p0 <= e[1] and e[2] <= p1 and cb0 <= max(e[3], lo) and min(e[4], hi) <= cb1)]
-            (self.writes if write else self.reads)[bucket].append((box, index))
+                self._prune(bucket, p0, p1, max(b0, k * size), min(b1, (k + 1) * size), k * size, (k + 1) * size)
+            sizes = self.sizes[write]
+            sizes[bucket] = sizes.get(bucket, 0) + 1
+            entries = self.tables[write].setdefault(bucket, {}).setdefault((p0, p1), {}).setdefault(queue, [])
+            if not entries or entries[-1][:2] < entry[:2]:
+                entries.append(entry)
+            else:                      # placed in a gap, before later-placed instructions of its queue
+                bisect.insort(entries, entry, key=lambda x: x[:2])
+
+    def _prune(self, bucket, p0: int, p1: int, cb0: int, cb1: int, lo: int, hi: int) -> None:
+        """Drop the entries of the bucket whose partitions lie in [p0, p1) and whose bytes within the bucket,
+        [lo, hi), lie in [cb0, cb1): a write there covers them."""
+        whole = cb0 == lo and cb1 == hi
+        for table, sizes in zip(self.tables, self.sizes):
+            groups = table.get(bucket)
+            if not groups or sizes[bucket] <= 4:   # short lists cost less to scan than to prune
+                continue
+            if whole and p0 <= self.low and p1 >= self.high:   # all of them (a whole tile rewritten)
+                del table[bucket]
+                sizes[bucket] = 0
+                continue
+            for (e0, e1), per_queue in list(groups.items()):
+                if not (p0 <= e0 and e1 <= p1):
+                    continue
+                for q, entries in list(per_queue.items()):
+                    kept = [] if whole else [
+                        x for x in entries if not (cb0 <= max(x[2][3], lo) and min(x[2][4], hi) <= cb1)]
+                    sizes[bucket] -= len(entries) - len(kept)
+                    if kept:
+                        per_queue[q] = kept
+                    else:
+                        del per_queue[q]
+                if not per_queue:
+                    del groups[(e0, e1)]
 
 
 class _Queue:
@@ -107,69 +151,76 @@ class _Queue:
         self.gaps[gap:gap + 1] = [g for g in ((lo, start), (end, hi)) if g[1] > g[0]]
 
 
-def _dependences(program: TileProgram) -> tuple[list[Instruction], list[set[int]]]:
-    """Each tile instruction as an isa Instruction on its first engine, and the earlier instructions it
-    must follow: those that access a byte it accesses, one of the two writing (program order is the
-    meaning of the tile program)."""
-    memory = _Memory()
-    firsts: list[Instruction] = []
-    deps_of: list[set[int]] = []
-    for index, tins in enumerate(program.instrs):
-        first = tins.instruction()
-        boxes = [(footprint(ap), write) for _, ap, write in first.operands()]
-        deps: set[int] = set()
-        for box, write in boxes:
-            deps |= memory.conflicts(box, write)
-        for box, write in boxes:
-            memory.record(box, write, index)
-        firsts.append(first)
-        deps_of.append(deps)
-    return firsts, deps_of
-
-
 def schedule(program: TileProgram) -> tuple[list[Instruction], dict]:
     """Place the instructions in program order, each in the slot (gaps included) that finishes it first.
 
-    (Placing them by critical path or by ready time instead was measured worse on a BERT layer: weight
-    loads, ready at once, then take the queues that a kernel's stores and the next kernel's loads need.)"""
+    An instruction must follow the earlier ones that access a byte it accesses, one of the two writing
+    (program order is the meaning of the tile program); it becomes ready when the latest of them, on every
+    queue, finishes. (Placing by critical path or by ready time instead was measured worse on a BERT layer:
+    weight loads, ready at once, then take the queues that a kernel's stores and the next kernel's loads need.)"""
+    with no_gc():   # hundreds of thousands of small live tuples: collecting would free none
+        return _schedule(program)
+
+
+def _schedule(program: TileProgram) -> tuple[list[Instruction], dict]:
     hw = program.hw
-    firsts, deps_of = _dependences(program)
-    n = len(firsts)
+    n = len(program.instrs)
+    memory = _Memory()
+    footprints: dict = {}   # AP -> footprint: equal APs recur (loop bodies, HBM views)
     queues = [_Queue() for _ in range(NQ)]
     start_of, finish, queue_of = [0.0] * n, [0.0] * n, [0] * n
+    latest_of: list[dict[int, tuple[float, int]]] = []
     built: list[Instruction] = []
-    for index, (tins, first) in enumerate(zip(program.instrs, firsts)):
-        ready = max((finish[d] for d in deps_of[index]), default=0.0)
+    for index, tins in enumerate(program.instrs):
+        first = tins.instruction()
+        boxes = []
+        for _, ap, write in first.operands():
+            box = footprints.get(ap)
+            if box is None:
+                box = footprints[ap] = footprint(ap)
+            boxes.append((box, write))
+        latest: dict[int, tuple[float, int]] = {}
+        for box, write in boxes:
+            memory.latest_conflicts(box, write, latest)
+        ready = max((finish[i] for _, i in latest.values()), default=0.0)
         if tins.engines == (Engine.DMA,):
-            candidates = [(Engine.DMA, q) for q in range(DMA_QUEUES)]
+            # The queues in their tie-break order ((q - index) % DMA_QUEUES): the first that can start the
+            # instruction when it is ready finishes it first, and no later queue can beat it.
+            duration = cost.seconds(first, hw)
+            best = None
+            for t in range(DMA_QUEUES):
+                q = (index + t) % DMA_QUEUES
+                begin, gap = queues[FIRST_DMA + q].slot(ready, duration)
+                if best is None or begin + duration < best[0]:
+                    best = (begin + duration, begin, gap, q)
+                if begin == ready:
+                    break
+            end, begin, gap, q = best
+            qi = FIRST_DMA + q
+            placed = first if q == 0 else first.replace(queue=q)
         else:
-            candidates = [(e, 0) for e in tins.engines]
-        durations = {e: cost.seconds(first if e is first.engine else first.replace(engine=e), hw)
-                     for e in tins.engines}
-        best = None
-        for e, q in candidates:
-            qi = queue_index(e, q)
-            begin, gap = queues[qi].slot(ready, durations[e])
-            key = (begin + durations[e], (q - index) % DMA_QUEUES, qi)
-            if best is None or key < best[0]:
-                best = (key, begin, gap, e, q)
-        (end, _, qi), begin, gap, engine, q = best
+            best = None
+            for e in tins.engines:
+                on = first if e is first.engine else first.replace(engine=e)
+                duration = cost.seconds(on, hw)
+                qi = queue_index(e)
+                begin, gap = queues[qi].slot(ready, duration)
+                if best is None or (begin + duration, qi) < best[:2]:
+                    best = (begin + duration, qi, begin, gap, on)
+            end, qi, begin, gap, placed = best
         queues[qi].take(begin, end, gap)
-        built.append(first if (engine, q) == (first.engine, 0) else first.replace(engine=engine, queue=q))
+        built.append(placed)
         start_of[index], finish[index], queue_of[index] = begin, end, qi
+        latest_of.append(latest)
+        for box, write in boxes:
+            memory.record(box, write, (begin, index, box), qi)
     order = sorted(range(len(built)), key=lambda i: (start_of[i], i))
     pos_of = [0] * len(built)
     count = [0] * NQ
     for i in order:
         pos_of[i] = count[queue_of[i]]
         count[queue_of[i]] += 1
-    needs: list[dict[int, int]] = []
-    for i in order:
-        need: dict[int, int] = {}
-        for d in deps_of[i]:
-            if queue_of[d] != queue_of[i]:
-                need[queue_of[d]] = max(need.get(queue_of[d], -1), pos_of[d])
-        needs.append(need)
+    needs = [{q: pos_of[d] for q, (_, d) in latest_of[i].items() if q != queue_of[i]} for i in order]
     return _synchronize([built[i] for i in order], [queue_of[i] for i in order], [pos_of[i] for i in order], needs)
 
 
