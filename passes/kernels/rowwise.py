@@ -262,10 +262,10 @@ class _TransposedCopy:
     program's `transposed`. Each normalized fp32 row tile goes through TensorE in [128, 128] blocks (bits
     moved exactly) and the weight and bias, now per-partition operands, are applied as each block leaves
     PSUM: fp32 multiply, then add, then one rounding, as the row-major result computes them, so both
-    copies hold the same values."""
+    copies hold the same values (without weight and bias, the result's own bits)."""
 
     def __init__(self, kb: KernelBuilder, rows: _Rows, dtype: DType, weight: HbmView | None, bias: HbmView | None):
-        self.kb, self.rows = kb, rows
+        self.kb = kb
         r, c = rows.x.shape
         self.tile = kb.sbuf("transposed", dtype, PARTITIONS, (c // PARTITIONS, r))
         kb.program.transposed[rows.out.tensor] = self.tile
