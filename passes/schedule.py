@@ -53,7 +53,7 @@ class _Memory:
     def __init__(self):
         self.tables: tuple[dict, dict] = ({}, {})   # reads, writes: bucket -> (p0, p1) -> queue -> entries
         self.sizes: tuple[dict, dict] = ({}, {})    # reads, writes: bucket -> number of entries
-        self.low, self.high = 0, 0   # the lowest first partition and the highest end partition recorded
+        self.high = 0   # the highest end partition recorded
 
     def latest_conflicts(self, box, write: bool, latest: dict[int, tuple[float, int]]) -> None:
         """Raise latest[q] to the (start, index) of the last instruction of queue q whose access conflicts."""
@@ -82,7 +82,7 @@ class _Memory:
     def record(self, box, write: bool, entry: tuple[float, int, tuple], queue: int) -> None:
         key, p0, p1, b0, b1, stride, _ = box
         size = BUCKET[key[0]]
-        self.low, self.high = min(self.low, p0), max(self.high, p1)
+        self.high = max(self.high, p1)
         for k in range(b0 // size, (b1 - 1) // size + 1):
             bucket = (key, k)
             if write and not stride:   # entries this dense write covers (in the bucket) are ordered through it
@@ -103,7 +103,7 @@ class _Memory:
             groups = table.get(bucket)
             if not groups or sizes[bucket] <= 4:   # short lists cost less to scan than to prune
                 continue
-            if whole and p0 <= self.low and p1 >= self.high:   # all of them (a whole tile rewritten)
+            if whole and p0 == 0 and p1 >= self.high:   # all of them (a whole tile rewritten)
                 del table[bucket]
                 sizes[bucket] = 0
                 continue

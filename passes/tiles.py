@@ -247,10 +247,11 @@ class TileProgram:
     transposed: dict[int, Tile] = field(default_factory=dict)
 
     def on_chip(self, kx: HbmView) -> Tile | None:
-        """The SBUF tile [128, K / 128, X] that holds the matmul operand view `kx` ([*batch, K, X]) when tile.py
-        keeps its tensor on chip: row k on partition k % 128, in block k // 128. Either the kept [K, X]
-        tensor, read row by row (the view must be the whole tensor so), or the transposed copy of an [X, K]
-        tensor, read as its transpose (else the operand loads from the HBM copy). None: in HBM only."""
+        """The SBUF tile [128, K / 128, X] that holds the view `kx` ([*batch, K, X]: a matmul operand, a row-wise
+        kernel's rows) when tile.py keeps its tensor on chip: row k on partition k % 128, in block k // 128.
+        Either the kept [K, X] tensor, read row by row (the view must be the whole tensor so), or the
+        transposed copy of an [X, K] tensor, read as its transpose (else the view reads the HBM copy).
+        None: in HBM only."""
         k, x = kx.shape[-2:]
         if kx.tensor in self.kept:
             kept = self.kept[kx.tensor]

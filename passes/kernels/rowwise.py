@@ -131,9 +131,9 @@ class _Rows:
         """The row tile in x's own dtype (a converting DMA would move the wider type's bytes), or its place
         in SBUF when the producer kept x there (tile.py hands_rows_on_chip)."""
         pdim = tile["pdim"]
-        kept = self.kb.program.kept.get(self.x.tensor)
+        kept = self.kb.program.on_chip(self.x)
         if kept is not None:
-            tile["x"] = _kept_rows(kept, self.x, tile)
+            tile["x"] = _kept_rows(kept, tile)
             return
         tile["x"] = x = self.kb.sbuf("x", self.x.dtype, tile["parts"], (self.c,))
         for p0, box in tile["segments"]:
@@ -149,14 +149,13 @@ class _Rows:
                               tile["y"].narrow(0, p0, count).narrow(1, c0, width), DMA_CHUNK)
 
 
-def _kept_rows(kept: Tile, x: HbmView, tile: dict) -> Tile:
-    """Rows of a kept tile ([128, R / 128, C]: row r of the [R, C] tensor on partition r % 128, in block
-    r // 128) that one row tile of `x` covers; x must read the whole tensor row by row."""
+def _kept_rows(kept: Tile, tile: dict) -> Tile:
+    """The rows of one row tile in the SBUF tile that holds x ([128, R / 128, C]: row r on partition r % 128,
+    in block r // 128; TileProgram.on_chip)."""
     (p0, box), = tile["segments"]
     r0, count = box[tile["pdim"]]
-    rows, c = kept.shape[1] * PARTITIONS, kept.shape[2]
-    if x.offset or x.shape != (rows, c) or x.strides != (c, 1) or p0 or r0 % PARTITIONS:
-        raise ValueError(f"row-wise input {x} does not read the kept tile {kept.buffer} row by row")
+    if p0 or r0 % PARTITIONS:
+        raise ValueError(f"row tile at row {r0} does not start a 128-row block of {kept.buffer}")
     return kept.select(1, r0 // PARTITIONS).narrow(0, 0, count)
 
 
