@@ -1,4 +1,10 @@
-"""emit: the scheduled instructions and HBM tensors as an isa.Program, verified before anything runs it."""
+"""emit: the scheduled instructions and HBM tensors as an isa.Program, verified before anything runs it.
+
+A Program's signature is its INPUT tensors in declaration order (the call's arguments) and its OUTPUT
+tensors in declaration order (the results). Tile declares tensors as kernels need them, so emit lays the
+declarations out in the tile program's call and result order (`TileProgram.inputs`, `.outputs`) and
+renumbers every HBM operand to match.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -17,20 +23,31 @@ class Emit:
 
     def run(self, state) -> dict:
         tiles = state.tiles
-        tensors, instructions = drop_unused_scratch(tuple(tiles.tensors), tuple(state.instructions))
+        tensors, instructions = lay_out_tensors(tuple(tiles.tensors), tuple(state.instructions), tiles.inputs,
+                                                tiles.outputs)
         state.program = Program(tensors, instructions, tiles.hw.name)
         verify(state.program, tiles.hw)
         return {"instructions": len(instructions), "tensors": len(tensors),
                 "unused_scratch_dropped": len(tiles.tensors) - len(tensors)}
 
 
-def drop_unused_scratch(tensors: tuple[TensorDecl, ...], instructions: tuple[Instruction, ...]
-                        ) -> tuple[tuple[TensorDecl, ...], tuple[Instruction, ...]]:
-    """The program's tensors without the scratch tensors no instruction touches (a value tile.py kept in
-    SBUF keeps its HBM declaration until here), and the instructions with their HBM indices renumbered."""
+def lay_out_tensors(tensors: tuple[TensorDecl, ...], instructions: tuple[Instruction, ...], inputs: list[str],
+                    outputs: list[str]) -> tuple[tuple[TensorDecl, ...], tuple[Instruction, ...]]:
+    """The program's tensors in signature order: the INPUT declarations in the order of `inputs`, the OUTPUT
+    ones in the order of `outputs`, each kind filling the positions its declarations held; the scratch tensors
+    no instruction touches (a value tile.py kept in SBUF keeps its HBM declaration until here) dropped; and the
+    instructions with their HBM indices renumbered."""
     used = {ap.tensor for ins in instructions for _, ap, _ in ins.operands() if ap.mem is Mem.HBM}
     keep = [i for i, t in enumerate(tensors) if t.kind is not TensorKind.SCRATCH or i in used]
-    if len(keep) == len(tensors):
+    index_of = {t.name: i for i, t in enumerate(tensors)}
+    for kind, names in ((TensorKind.INPUT, inputs), (TensorKind.OUTPUT, outputs)):
+        slots = [k for k, i in enumerate(keep) if tensors[i].kind is kind]
+        if sorted(tensors[keep[k]].name for k in slots) != sorted(names):
+            raise ValueError(f"{kind.text} tensors {[tensors[keep[k]].name for k in slots]} are not the "
+                             f"signature {names}")
+        for k, name in zip(slots, names):
+            keep[k] = index_of[name]
+    if keep == list(range(len(tensors))):
         return tensors, instructions
     index = {old: new for new, old in enumerate(keep)}
 

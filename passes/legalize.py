@@ -112,14 +112,15 @@ class Rewriter:
     def unary(self, x: ir.Node, func: str, dtype: DType | None = None) -> ir.Node:
         return self.emit("unary", (x,), x.shape, self._dtype(dtype), func=func)
 
-    def binary(self, op: str, a: ir.Node, b: ir.Node, dtype: DType | None = None) -> ir.Node:
+    def binary(self, op: str, a: ir.Node, b: ir.Node, dtype: DType | None = None, **extra) -> ir.Node:
         shape = tuple(torch.broadcast_shapes(a.shape, b.shape))
         dtype = DType.UINT8 if op in COMPARE_OPS else self._dtype(dtype)
-        return self.emit("binary", (a, b), shape, dtype, op=op)
+        return self.emit("binary", (a, b), shape, dtype, op=op, **extra)
 
-    def scalar(self, x: ir.Node, op: str, value, reverse: bool = False, dtype: DType | None = None) -> ir.Node:
+    def scalar(self, x: ir.Node, op: str, value, reverse: bool = False, dtype: DType | None = None,
+               **extra) -> ir.Node:
         dtype = DType.UINT8 if op in COMPARE_OPS else self._dtype(dtype)
-        return self.emit("scalar", (x,), x.shape, dtype, op=op, value=float(value), reverse=bool(reverse))
+        return self.emit("scalar", (x,), x.shape, dtype, op=op, value=float(value), reverse=bool(reverse), **extra)
 
     def arith(self, op: str, a, b, dtype: DType | None = None) -> ir.Node:
         """a op b where either operand may be a Python number (then a `scalar` node)."""

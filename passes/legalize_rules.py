@@ -528,19 +528,24 @@ def _split(rw: Rewriter, n, a):
 
 
 # -- gathers --------------------------------------------------------------------------------------------------
-def _index_tensor(rw: Rewriter, index: ir.Node, size: int) -> ir.Node:
-    """An int32 index; negative constant indices count from the end as in torch."""
+def _index_tensor(rw: Rewriter, index: ir.Node, size: int, wrap: bool) -> ir.Node:
+    """An int32 index. `wrap`: negative indices count from the end, as tensor indexing (x[i], take) does in torch;
+    else they stay negative, and the gather faults on them as embedding and index_select raise in torch."""
     if index.op == "const":
         value = rw.torch_value(index, torch.int64)
-        return rw.const(torch.where(value < 0, value + size, value), DType.INT32)
-    return rw.cast(index, DType.INT32)
+        return rw.const(torch.where(value < 0, value + size, value) if wrap else value, DType.INT32)
+    index = rw.cast(index, DType.INT32)
+    if not wrap:
+        return index
+    wrapped = rw.scalar(index, "add", size, dtype=DType.INT32, index_bound=size)
+    return rw.where(rw.scalar(index, "lt", 0), wrapped, index, DType.INT32)
 
 
 def _exact_in_fp32(rw: Rewriter, x: ir.Node) -> bool:
     return x.op == "const" and bool((rw.torch_value(x, torch.int64).abs() <= 2 ** 24).all())
 
 
-def _take(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node) -> ir.Node:
+def _take(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node, wrap: bool = False) -> ir.Node:
     """x with axis `dim` replaced by the axes of `index` (x.index_select generalized): one row gather."""
     rank = len(x.shape)
     rows = rw.permute(x, (dim,) + tuple(d for d in range(rank) if d != dim))
@@ -551,7 +556,7 @@ def _take(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node) -> ir.Node:
             rw.fail("is not supported on an int32 tensor unless it is a constant of values within +-2^24 "
                     "(the row gather moves float rows)")
         table = rw.cast(table, DType.FP32)
-    index = _index_tensor(rw, index, x.shape[dim])
+    index = _index_tensor(rw, index, x.shape[dim], wrap)
     gathered = rw.emit("gather", (table, index), index.shape + table.shape[1:], table.dtype)
     out = rw.cast(rw.reshape(gathered, index.shape + rest), x.dtype)
     b = len(index.shape)
@@ -583,10 +588,10 @@ def _index(rw: Rewriter, n, a):
         dims = list(range(len(dims)))
     first, sizes = dims[0], [x.shape[d] for d in dims]
     merged = rw.reshape(x, x.shape[:first] + (math.prod(sizes),) + x.shape[first + len(dims):])
-    flat, stride = None, 1
+    flat, stride, bound = None, 1, math.prod(sizes)
     for index, size in reversed(list(zip(tensors, sizes))):
-        index = _index_tensor(rw, index, size)
-        term = index if stride == 1 else rw.scalar(index, "mul", stride, dtype=DType.INT32)
-        flat = term if flat is None else rw.binary("add", flat, term, DType.INT32)
+        index = _index_tensor(rw, index, size, wrap=True)
+        term = index if stride == 1 else rw.scalar(index, "mul", stride, dtype=DType.INT32, index_bound=bound)
+        flat = term if flat is None else rw.binary("add", flat, term, DType.INT32, index_bound=bound)
         stride *= size
     return _take(rw, merged, first, flat)

@@ -43,34 +43,41 @@ def merge_matmuls(graph: ir.Graph) -> dict:
         if n.op == "matmul" and _weight(n) is not None and n.inputs[0].op != "const" and n not in graph.outputs:
             siblings[n.inputs[0]].append(n)
     merged = 0
-    for a, group in siblings.items():
+    consts: dict[tuple, ir.Node] = {}   # one merged weight (bias) per set of weights (biases): layers that share
+    for a, group in siblings.items():   # their weights (ALBERT) share the merged one too
         group = [m for m in group if _weight(m).dtype == _weight(group[0]).dtype and m.dtype == group[0].dtype]
         if len(group) < 2:
             continue
         biases = [_bias_of(m, users) for m in group]
         with_bias = all(b is not None and b not in graph.outputs for b in biases)
-        _merge(graph, a, group, biases if with_bias else None)
+        _merge(graph, a, group, biases if with_bias else None, consts)
         merged += len(group)
     if merged:
         graph.prune()   # once for all groups: each merge leaves the node list topological, with dead nodes
     return {"matmuls_merged": merged}
 
 
-def _merge(graph: ir.Graph, a: ir.Node, group: list[ir.Node], biases: list[ir.Node] | None) -> None:
-    w0 = _weight(group[0])
-    weight = ir.Node("const", (), (w0.shape[0], sum(m.shape[-1] for m in group)), w0.dtype,
-                     {"value": np.concatenate([_weight(m).attrs["value"] for m in group], axis=1)},
-                     name=f"{w0.name}_merged")
+def _concatenated(parts: list[ir.Node], axis: int, consts: dict[tuple, ir.Node]) -> tuple[ir.Node, bool]:
+    """The const of `parts` concatenated along `axis` (made once per tuple of parts), and whether it is new."""
+    key = (axis, *parts)
+    if key in consts:
+        return consts[key], False
+    value = np.concatenate([p.attrs["value"] for p in parts], axis=axis)
+    consts[key] = ir.Node("const", (), value.shape, parts[0].dtype, {"value": value}, name=f"{parts[0].name}_merged")
+    return consts[key], True
+
+
+def _merge(graph: ir.Graph, a: ir.Node, group: list[ir.Node], biases: list[ir.Node] | None,
+           consts: dict[tuple, ir.Node]) -> None:
+    weight, fresh = _concatenated([_weight(m) for m in group], 1, consts)
     out_shape = (*group[0].shape[:-1], weight.shape[1])
     mm = ir.Node("matmul", (a, weight), out_shape, group[0].dtype, source=group[0].source)
-    new = [weight, mm]
+    new = [weight, mm] if fresh else [mm]
     base, ends = mm, group
     if biases is not None:
-        b0 = _const_operand(biases[0])
-        value = np.concatenate([_const_operand(b).attrs["value"] for b in biases])
-        bias = ir.Node("const", (), (weight.shape[1],), b0.dtype, {"value": value}, name=f"{b0.name}_merged")
+        bias, fresh = _concatenated([_const_operand(b) for b in biases], 0, consts)
         base = ir.Node("binary", (mm, bias), out_shape, biases[0].dtype, {"op": "add"}, source=biases[0].source)
-        new += [bias, base]
+        new += [bias, base] if fresh else [base]
         ends = biases
     start = 0
     slices = []

@@ -281,14 +281,21 @@ class KernelBuilder:
         self.row_tiles = False   # a neighbour of the kernel is row-wise (matmul_plan.make_plan)
         self.keep_on_chip = False   # the kernel's result may stay in SBUF for the next kernel (tile.py)
         self.transpose_on_chip = False   # the next kernel's matmul may read the result's transpose in SBUF
+        self._names = {t.name for t in program.tensors}
 
     @property
     def hw(self) -> HwConfig:
         return self.program.hw
 
     def tensor(self, name: str, kind: TensorKind, dtype: DType, shape, value: np.ndarray | None = None) -> HbmView:
-        """Declare an HBM tensor (contiguous) and return its view; CONST tensors carry their value."""
+        """Declare an HBM tensor (contiguous) and return its view; CONST tensors carry their value. A name
+        taken before (two graph nodes of one name: the copies of a shared weight) gets a numbered suffix."""
         shape = tuple(int(s) for s in shape)
+        base, k = name, 1
+        while name in self._names:
+            k += 1
+            name = f"{base}.{k}"
+        self._names.add(name)
         index = len(self.program.tensors)
         self.program.tensors.append(TensorDecl(name, kind, dtype, shape))
         if kind is TensorKind.CONST:

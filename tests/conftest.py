@@ -1,5 +1,11 @@
+import hashlib
 import os
+import random
 import sys
+
+import numpy as np
+import pytest
+import torch
 
 # Test helpers shared across folders (strategies.py) are imported by name: `import strategies`.
 sys.path.insert(0, os.path.dirname(__file__))
@@ -7,3 +13,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 # Every test runs the compiler's passes: a compiled model from an earlier run's disk cache would skip them.
 # The JIT's kernel cache stays on. Tests of the compile cache turn it on in their own folders.
 os.environ["TRNC_COMPILE_CACHE"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def seeded_rngs(request):
+    """Every test starts from the same global RNG state whatever ran before it in its worker: torch, numpy and
+    random are seeded from the test's own id, so a test's draws depend neither on import nor on test order."""
+    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "little")
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)

@@ -159,10 +159,15 @@ def test_a_torch_compile_backend_graph_is_captured():
     with torch.no_grad():
         out = torch.compile(model, backend=aot_autograd(fw_compiler=backend))(x)
         ref = model(x)
+        hidden = model[1](model[0](x))
     torch._dynamo.reset()
     (graph,) = captured
     assert len(graph.inputs) == 5 and {n.op for n in graph.nodes} >= {"matmul", "layer_norm", "unary"}
-    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    # The IR computes the linear as a matmul and an add where eager fuses an addmm: a few fp32 roundings of the
+    # hidden values (4 products and a bias), which the layer norm over 4 features scales by 1/std of its row.
+    amplification = float(hidden.abs().max() / hidden.std(-1, correction=0).min())
+    tolerance = 8 * torch.finfo(torch.float32).eps * amplification
+    torch.testing.assert_close(out, ref, rtol=0, atol=tolerance)
 
 
 def test_source_is_the_innermost_frame_outside_torch():

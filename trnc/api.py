@@ -183,10 +183,9 @@ def _to_numpy(t: torch.Tensor, dtype: DType) -> np.ndarray:
 
 
 def _to_torch(a: np.ndarray, dtype: DType, torch_dtype: torch.dtype) -> torch.Tensor:
-    if dtype is DType.BF16:
-        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(a))
+    """The torch tensor of an output array, of its shape (np.ascontiguousarray makes a 0-d array 1-d)."""
+    a = np.ascontiguousarray(a).reshape(a.shape)
+    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if dtype is DType.BF16 else torch.from_numpy(a)
     return t.to(torch_dtype)
 
 

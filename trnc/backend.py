@@ -34,8 +34,8 @@ import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from trnc.api import PRECISIONS
-from trnc.capture import decomposition_table
-from trnc.errors import TrncError
+from trnc.capture import WRONG_DECOMPOSITIONS, decomposition_table, source_of
+from trnc.errors import TrncError, UnsupportedOpError
 from trnc.isa.config import TARGETS
 from trnc.log import get_logger
 from trnc.partition import FallbackOp, freeze, partition
@@ -112,12 +112,43 @@ def trnc_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     if mode not in (None, "default"):
         raise TrncError(f"torch.compile mode={mode!r} is not supported by the trnc backend; pass options= instead")
     opts = parse_options(options)
+    wrong = _wrong_decomposition(gm)
+    if wrong is not None:
+        return _eager_whole(gm, example_inputs, opts, *wrong)
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     return aot_autograd(fw_compiler=functools.partial(_forward_compiler, opts, False),
                         inference_compiler=functools.partial(_forward_compiler, opts, True),
                         decompositions=decomposition_table(),
                         bw_compiler=lambda bw, _: make_boxed_func(bw.forward))(gm, example_inputs)
+
+
+def _wrong_decomposition(gm: torch.fx.GraphModule) -> tuple[torch.fx.Node, str] | None:
+    """The first call of a torch function whose decomposition aot_autograd would apply and torch gets wrong
+    (capture.WRONG_DECOMPOSITIONS), and that op's name; None when there is none."""
+    for node in gm.graph.nodes:
+        name = getattr(node.target, "__name__", None) if node.op == "call_function" else None
+        for op, functions in WRONG_DECOMPOSITIONS.items():
+            if name in functions:
+                return node, op.rstrip(".")
+    return None
+
+
+def _eager_whole(gm: torch.fx.GraphModule, example_inputs, opts: BackendOptions, node: torch.fx.Node, op: str):
+    """The dynamo graph uncompiled, in eager PyTorch (visible: a WARNING and the report), or with fallback=False a
+    callable that raises UnsupportedOpError naming the op at the first call."""
+    global _last
+    source = source_of(node.meta.get("stack_trace"))
+    reason = f"{op} is not supported: torch's decomposition of it is wrong, so the graph runs in eager PyTorch"
+    if not opts.fallback:
+        def refuse(*args):
+            raise UnsupportedOpError(f"{reason}{f' (at {source})' if source else ''}")
+        return refuse
+    shapes = tuple(tuple(int(s) for s in a.shape) for a in example_inputs if isinstance(a, torch.Tensor))
+    nodes = sum(n.op == "call_function" for n in gm.graph.nodes)
+    _last = Report(shapes, 0, 0, (FallbackOp(op, nodes, (source,) if source else (), reason),), opts, 0.0)
+    get_logger(__name__).warning(_last.text())
+    return gm.forward
 
 
 def _is_static(value) -> bool:

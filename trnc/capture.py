@@ -49,6 +49,14 @@ KEEP_WHOLE = (
     "aten.native_layer_norm.", "aten.gelu.", "aten.silu.", "aten.scaled_dot_product_attention.",
     "aten._scaled_dot_product_flash_attention_for_cpu.",
 )
+# torch decompositions that give wrong values (checked against the ops' own kernels), kept out of the table so
+# the op stays whole: unsupported by trnc, so an error naming it or an eager fallback, never a wrong answer.
+# Each names the torch functions that reach it, as a dynamo graph calls them: aot_autograd applies some
+# decompositions through the Python dispatcher whatever its table says, so the backend runs such graphs in eager.
+WRONG_DECOMPOSITIONS = {
+    # counts the masked-out target slots after a -1 as copies of class 0 (torch 2.13, _decomp/decompositions.py)
+    "aten.multilabel_margin_loss_forward.": ("multilabel_margin_loss", "multilabel_margin_loss_forward"),
+}
 EXPORT_HINT = ("trnc needs a model torch.export can trace: remove data-dependent Python control flow (an `if` or "
                "loop on tensor values, .item(), .tolist()), return tensors (or tuples, lists, dicts of them; no "
                "cache objects: pass use_cache=False to Hugging Face models), or pass example inputs of the shapes "
@@ -81,7 +89,8 @@ class CaptureInfo:
 
 
 def decomposition_table() -> dict:
-    """The core ATen decompositions minus the ops trnc lowers whole (also for aot_autograd backends); a new dict."""
+    """The core ATen decompositions minus the ops trnc lowers whole and those torch gets wrong (also for
+    aot_autograd backends); a new dict."""
     return dict(_table())
 
 
@@ -90,7 +99,7 @@ def _table() -> dict:
     """Built once per process: materializing torch's table costs a fifth of a second."""
     table = torch.export.default_decompositions()
     for op in list(table.keys()):
-        if str(op).startswith(KEEP_WHOLE):
+        if str(op).startswith(KEEP_WHOLE + tuple(WRONG_DECOMPOSITIONS)):
             table.pop(op)
     return dict(table.items())
 

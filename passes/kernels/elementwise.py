@@ -39,6 +39,7 @@ POW_FUNCS = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
 COMMUTATIVE = frozenset({AluOp.ADD, AluOp.MUL, AluOp.EQ, AluOp.NE, AluOp.AND, AluOp.OR, AluOp.XOR})
 # ops whose result on integers is exact in fp32 (for |values| <= 2^24) and never wraps
 INT_EXACT = COMPARISONS | {AluOp.AND, AluOp.OR, AluOp.XOR, AluOp.MAX, AluOp.MIN}
+FP32_EXACT_INTEGERS = 2 ** 24   # every integer up to this magnitude is an fp32 value
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ def check_supported(nodes: list[ir.Node]) -> None:
         if not n.dtype.is_int or n.op in ("cast", "where") or (n.op == "unary" and n.attrs["func"] == "copy"):
             continue
         if n.op in ("binary", "scalar") and AluOp.from_text(n.attrs["op"]) in INT_EXACT:
+            continue
+        if n.attrs.get("index_bound", FP32_EXACT_INTEGERS + 1) <= FP32_EXACT_INTEGERS:   # index math, exact in fp32
             continue
         what = n.attrs.get("op") or n.attrs.get("func")
         raise UnsupportedOpError(

@@ -1,0 +1,230 @@
+"""Regression tests: each a reproducer of a wrong answer, a crash or an internal error that a user, the fuzzer
+(tests/fuzz/) or the OpInfo sweep (tests/test_opinfo.py) found, through trnc.compile and torch.compile.
+
+Values are compared with eager PyTorch in fp32 within 1e-5 of the output's largest magnitude (a few roundings
+of fp32 in a different order), integer and bool results exactly; structure, shapes and dtypes always exactly.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import trnc
+from trnc.errors import UnsupportedOpError
+
+FP32_REL = 1e-5
+
+
+def run(model: nn.Module, args: tuple, via: str):
+    """The model's result through trnc.compile ("api"), the backend without fallback ("backend": every op on the
+    device) or with it ("fallback")."""
+    if via == "api":
+        return trnc.compile(model, args, cache=False)(*args)
+    torch._dynamo.reset()
+    try:
+        return torch.compile(model, backend="trnc", options={"fallback": via == "fallback"})(*args)
+    finally:
+        torch._dynamo.reset()
+
+
+def assert_like_eager(out, ref) -> None:
+    """The same pytree of tensors: structure, shapes and dtypes exactly; values within FP32_REL (floats) or equal."""
+    out_leaves, out_spec = torch.utils._pytree.tree_flatten(out)
+    ref_leaves, ref_spec = torch.utils._pytree.tree_flatten(ref)
+    assert out_spec == ref_spec
+    for o, r in zip(out_leaves, ref_leaves):
+        assert (o.shape, o.dtype) == (r.shape, r.dtype)
+        if r.dtype.is_floating_point and r.numel():
+            assert float((o - r).abs().max()) <= FP32_REL * float(r.abs().max())
+        else:
+            assert torch.equal(o, r)
+
+
+VIA = pytest.mark.parametrize("via", ["api", "backend"])
+
+
+class OutOfOrder(nn.Module):
+    def forward(self, x):
+        s = x.sum(0, keepdim=True)
+        return 1 / (s.abs() + 1), s
+
+
+@VIA
+def test_outputs_come_back_in_the_order_the_model_returns_them(via):
+    """Issue 11: outputs were returned in the order the graph computed them, not the order forward returned."""
+    x = torch.randn(128)
+    assert_like_eager(run(OutOfOrder(), (x,), via), OutOfOrder()(x))
+
+
+class ChannelShuffle(nn.Module):
+    """The shuffle unit of torchvision's ShuffleNetV2 between its (eager) convolutions: its region returns the two
+    halves in the other order than it computes them, which swapped them (1.6e-4 relative on the whole model)."""
+
+    def forward(self, a, b):
+        x = torch.cat((F.relu(a), F.relu(b)), dim=1)
+        n, c, h, w = x.shape
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+        x1, x2 = x.chunk(2, dim=1)
+        return x2 * 2, x1
+
+
+@VIA
+def test_a_channel_shuffle_returns_its_halves_in_order(via):
+    args = (torch.randn(1, 24, 12, 12), torch.randn(1, 24, 12, 12))
+    assert_like_eager(run(ChannelShuffle(), args, via), ChannelShuffle()(*args))
+
+
+class StdMean(nn.Module):
+    def forward(self, x):
+        return torch.std_mean(x, dim=1)
+
+
+@VIA
+def test_std_mean_of_a_cube(via):
+    """Issue 11: every element of std_mean(x, dim=1) of a [5, 5, 5] tensor was wrong through the backend."""
+    x = torch.randn(5, 5, 5)
+    assert_like_eager(run(StdMean(), (x,), via), StdMean()(x))
+
+
+class Add(nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
+class Dot(nn.Module):
+    def forward(self, a, b):
+        return torch.dot(a, b)
+
+
+class MeanLoss(nn.Module):
+    def forward(self, a, b):
+        return F.mse_loss(a, b)
+
+
+class SortThenSum(nn.Module):
+    """No op of it on the device but the sum: the 0-d result crosses from a trnc region."""
+
+    def forward(self, a):
+        return torch.sort(a).values.cumsum(0)[-1]
+
+
+@pytest.mark.parametrize("model, args, via", [
+    (Add(), (torch.tensor(1.5), torch.tensor(-2.25)), "api"),
+    (Add(), (torch.tensor(1.5), torch.tensor(-2.25)), "backend"),
+    (Dot(), (torch.arange(5.0), torch.arange(5.0) - 2), "api"),
+    (Dot(), (torch.arange(5.0), torch.arange(5.0) - 2), "backend"),
+    (MeanLoss(), (torch.linspace(-1, 1, 12).reshape(4, 3), torch.linspace(0, 1, 12).reshape(4, 3)), "api"),
+    (MeanLoss(), (torch.linspace(-1, 1, 12).reshape(4, 3), torch.linspace(0, 1, 12).reshape(4, 3)), "backend"),
+    (SortThenSum(), (torch.linspace(3, -1, 7),), "fallback"),
+], ids=["add-api", "add-backend", "dot-api", "dot-backend", "mse_loss-api", "mse_loss-backend",
+        "sort_cumsum_select-fallback"])
+def test_a_zero_dimensional_result_stays_zero_dimensional(model, args, via):
+    """Issue 11: 0-d outputs came back with shape [1] (np.ascontiguousarray makes a 0-d array 1-d)."""
+    out = run(model, args, via)
+    assert out.shape == ()
+    assert_like_eager(out, model(*args))
+
+
+@pytest.mark.parametrize("loss", [F.binary_cross_entropy, F.soft_margin_loss, F.binary_cross_entropy_with_logits])
+def test_zero_dimensional_losses(loss):
+    """The OpInfo sweep: 0-d inputs of these losses failed through the backend even with fallback ('input 1 has
+    shape [1]'; their log1p runs in eager)."""
+    class Loss(nn.Module):
+        def forward(self, a, b):
+            return loss(a, b)
+    args = (torch.tensor(0.375), torch.tensor(0.75))
+    assert_like_eager(run(Loss(), args, "fallback"), Loss()(*args))
+
+
+class SharedLayers(nn.Module):
+    """ALBERT's pattern: one layer's weights (here Q, K and V of one input) used by every layer; each weight over
+    1024 elements, so legalize keeps one transposed copy of it per layer (smaller ones it shares by value)."""
+
+    def __init__(self, d: int = 64):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = x + F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x))
+        return x
+
+
+def test_layers_that_share_their_weights(tmp_path):
+    """Issue 11: merge-matmuls built one merged weight per layer, all of one name, so the program could not be
+    encoded ('declared twice': a compile-cache store or a save failed); now the layers share one merged weight."""
+    model, x = SharedLayers().eval(), torch.randn(2, 16, 64)
+    with torch.no_grad():
+        ref = model(x)
+        assert_like_eager(run(model, (x,), "backend"), ref)
+        compiled = trnc.compile(model, (x,), cache=False)
+    consts = [t.name for t in compiled.program.tensors if t.kind.name == "CONST"]
+    assert len(consts) == len(set(consts)) == 2   # one merged weight and one merged bias for the three layers
+    compiled.save(tmp_path / "shared.trnc")
+    assert_like_eager(trnc.load(tmp_path / "shared.trnc")(x), ref)
+
+
+@pytest.mark.slow
+def test_hf_albert_with_shared_layers():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AlbertConfig(vocab_size=100, embedding_size=32, hidden_size=64, num_hidden_layers=3,
+                                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+    model = transformers.AlbertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    with torch.no_grad():
+        ref = model(ids).last_hidden_state
+        for via in ("api", "backend"):
+            assert_like_eager(run(model, (ids,), via).last_hidden_state, ref)
+
+
+class Take(nn.Module):
+    def forward(self, x, i):
+        return torch.take(x, i)
+
+
+class Index(nn.Module):
+    def forward(self, x, i, j):
+        return x[i], x[:, j], x[i[:, None], j]
+
+
+@VIA
+def test_negative_indices_wrap_as_in_torch(via):
+    """The OpInfo sweep: torch.take with a negative index faulted in the gather; torch wraps it, as x[i] does."""
+    x = torch.randn(4, 5)
+    take = (x, torch.tensor([-1, 0, 3, -20, 19]))
+    assert_like_eager(run(Take(), take, via), Take()(*take))
+    index = (x, torch.tensor([-1, 2, -4]), torch.tensor([4, -5, -1]))
+    assert_like_eager(run(Index(), index, via), Index()(*index))
+
+
+class IndexSelect(nn.Module):
+    def forward(self, x, i):
+        return x.index_select(1, i)
+
+
+def test_a_negative_index_select_is_an_error_as_in_torch():
+    x, i = torch.randn(4, 5), torch.tensor([-1, 2])
+    with pytest.raises(RuntimeError, match="out of DATA bounds"):
+        IndexSelect()(x, i)
+    with pytest.raises(trnc.TrncError, match="gather index -1"):
+        run(IndexSelect(), (x, i), "api")
+
+
+class MultilabelMargin(nn.Module):
+    def forward(self, a, t):
+        return F.multilabel_margin_loss(a, t)
+
+
+def test_an_op_torch_decomposes_wrongly_runs_in_eager():
+    """The OpInfo sweep: torch's decomposition of multilabel_margin_loss counts the target slots after a -1
+    (aot_autograd applies it through the Python dispatcher): the backend runs the graph in eager instead,
+    and trnc.compile refuses the op rather than decompose it."""
+    a = torch.tensor([[0.5, -1.0, 2.0, 0.25], [1.0, 0.0, -0.5, 0.75]])
+    t = torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3]])
+    assert_like_eager(run(MultilabelMargin(), (a, t), "fallback"), MultilabelMargin()(a, t))
+    assert [f.op for f in trnc.backend.last_report().fallback] == ["aten.multilabel_margin_loss_forward"]
+    for via in ("api", "backend"):
+        with pytest.raises(UnsupportedOpError, match="multilabel_margin_loss_forward"):
+            run(MultilabelMargin(), (a, t), via)
