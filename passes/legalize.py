@@ -13,10 +13,12 @@ and the user's source line.
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
@@ -100,6 +102,10 @@ class Rewriter:
         kind = torch.float64 if isinstance(value, float) else torch.int64
         return self.const(torch.tensor(value, dtype=kind), dtype)
 
+    def filled(self, value, shape, dtype: DType) -> ir.Node:
+        """A tensor of one value: a 0-d constant, expanded (a free view)."""
+        return self.expand(self.scalar_const(value, dtype), shape)
+
     def torch_value(self, node: ir.Node, dtype: torch.dtype) -> torch.Tensor:
         """A const node's value as a torch tensor of `dtype` (exact when legalize computed it)."""
         if node in self.exact:
@@ -138,11 +144,17 @@ class Rewriter:
         return x if x.dtype is dtype else self.emit("cast", (x,), x.shape, dtype)
 
     def reduce(self, x: ir.Node, op: str, axes, keepdim: bool, dtype: DType | None = None) -> ir.Node:
+        """`op` over `axes`; over an empty axis, the reduction's identity (0 for a sum, as torch gives)."""
         axes = tuple(sorted(set(axes)))
         if not axes:
             return self.cast(x, self._dtype(dtype))
         shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
-        return self.emit("reduce", (x,), shape, self._dtype(dtype), op=op, axes=axes, keepdim=bool(keepdim))
+        dtype = self._dtype(dtype)
+        if any(x.shape[d] == 0 for d in axes):
+            info = None if dtype.is_float else np.iinfo(dtype.storage)
+            lowest, highest = (-math.inf, math.inf) if info is None else (int(info.min), int(info.max))
+            return self.filled({"sum": 0, "max": lowest, "min": highest}[op], shape, dtype)
+        return self.emit("reduce", (x,), shape, dtype, op=op, axes=axes, keepdim=bool(keepdim))
 
     def reshape(self, x: ir.Node, shape) -> ir.Node:
         shape = tuple(shape)
@@ -249,7 +261,10 @@ def _legalize_node(rw: Rewriter, node: ir.Node, rules, counts: Counter):
     for a in pytree.tree_leaves((node.attrs["args"], node.attrs["kwargs"])):
         if isinstance(a, TensorArg):
             rw.arg_dtypes[a.index] = a.dtype
-    if _constant_evaluable(node, values, rules):
+    if "outputs" not in node.attrs and 0 in node.shape:   # an empty result has no value to compute
+        counts["empty"] += 1
+        result = rw.filled(0, node.shape, node.dtype)
+    elif _constant_evaluable(node, values, rules):
         counts["constant"] += 1
         result = _evaluate(rw, node, values)
     elif node.op in rules:

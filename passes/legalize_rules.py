@@ -45,7 +45,10 @@ def _dim(d: int, rank: int) -> int:
 
 
 def _dims(dims, rank: int) -> tuple[int, ...]:
-    """Normalized reduction axes; None or [] means every axis (torch's convention)."""
+    """Normalized reduction axes; None or [] means every axis (torch's convention). A 0-d tensor has none: torch
+    takes dim 0 or -1 of it as the tensor itself, so reducing over it is the identity."""
+    if rank == 0:
+        return ()
     if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return tuple(range(rank))
     dims = dims if isinstance(dims, (list, tuple)) else [dims]
@@ -73,10 +76,15 @@ def _constant_only(rw: Rewriter, n, a):
             "as for rotary tables, it is computed at compile time)")
 
 
+BOOL_ARITH = {"add": "or", "mul": "and"}   # what torch computes for + and * of bool tensors
+
+
 def _arith(op: str):
     def lower(rw: Rewriter, n, a):
         other = a["other"]
         alpha = a.get("alpha", 1)
+        if all(d is torch.bool for d in rw.arg_dtypes) and op in BOOL_ARITH and n.dtype is DType.UINT8:
+            return rw.arith(BOOL_ARITH[op], a["self"], other)
         if alpha is not None and alpha != 1:
             other = rw.scalar(other, "mul", alpha) if isinstance(other, ir.Node) else other * alpha
         return rw.arith(op, a["self"], other)
@@ -224,8 +232,7 @@ def _no_result(rw: Rewriter, n, a):
 # -- creation ------------------------------------------------------------------------------------------
 def _filled(value):
     def lower(rw: Rewriter, n, a):
-        v = a[value] if isinstance(value, str) else value
-        return rw.expand(rw.scalar_const(v, n.dtype), n.shape)
+        return rw.filled(a[value] if isinstance(value, str) else value, n.shape, n.dtype)
     return lower
 
 
@@ -254,7 +261,9 @@ def _var(rw: Rewriter, x, axes, correction, keepdim, dtype):
     acc = _acc(dtype)
     centered = rw.binary("sub", x, _mean(rw, x, axes, True, acc), acc)
     total = rw.reduce(rw.unary(centered, "square", acc), "sum", axes, keepdim, acc)
-    return rw.scalar(total, "mul", 1.0 / max(count - correction, 0), dtype=dtype)
+    # torch divides by max(count - correction, 0): by 0 when there are too few values, giving nan (or inf)
+    scale = 1.0 / (count - correction) if count > correction else math.inf
+    return rw.scalar(total, "mul", scale, dtype=dtype)
 
 
 def _correction(a) -> float:
@@ -360,11 +369,13 @@ def _native_layer_norm(rw: Rewriter, n, a):
 
 # -- matmul and attention -------------------------------------------------------------------------------------
 def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
-    """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast."""
+    """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast; an empty contraction
+    gives zeros."""
     a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
     b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
     batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-    out = rw.emit("matmul", (a2, b2), batch + (a2.shape[-2], b2.shape[-1]), dtype)
+    shape = batch + (a2.shape[-2], b2.shape[-1])
+    out = rw.filled(0, shape, dtype) if a2.shape[-1] == 0 else rw.emit("matmul", (a2, b2), shape, dtype)
     shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
     return rw.reshape(out, shape)
 
@@ -571,6 +582,8 @@ def _embedding(rw: Rewriter, n, a):
 @rule("aten.index_select.default")
 def _index_select(rw: Rewriter, n, a):
     x = a["self"]
+    if not x.shape:   # torch indexes a 0-d tensor as the one element of a 1-d one
+        return rw.reshape(_take(rw, rw.reshape(x, (1,)), 0, a["index"]), n.shape)
     return _take(rw, x, _dim(a["dim"], len(x.shape)), a["index"])
 
 

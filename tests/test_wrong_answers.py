@@ -36,10 +36,12 @@ def assert_like_eager(out, ref) -> None:
     assert out_spec == ref_spec
     for o, r in zip(out_leaves, ref_leaves):
         assert (o.shape, o.dtype) == (r.shape, r.dtype)
-        if r.dtype.is_floating_point and r.numel():
-            assert float((o - r).abs().max()) <= FP32_REL * float(r.abs().max())
-        else:
+        if not r.dtype.is_floating_point:
             assert torch.equal(o, r)
+        elif r.numel():
+            assert torch.equal(o.isnan(), r.isnan())
+            o, r = o.nan_to_num(), r.nan_to_num()
+            assert float((o - r).abs().max()) <= FP32_REL * float(r.abs().max())
 
 
 VIA = pytest.mark.parametrize("via", ["api", "backend"])
@@ -228,3 +230,34 @@ def test_an_op_torch_decomposes_wrongly_runs_in_eager():
     for via in ("api", "backend"):
         with pytest.raises(UnsupportedOpError, match="multilabel_margin_loss_forward"):
             run(MultilabelMargin(), (a, t), via)
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+EDGES = {   # OpInfo samples that raised internal errors (ZeroDivisionError, IndexError) or were refused
+    "addmm_of_an_empty_contraction": (lambda b, x, y: torch.addmm(b, x, y, alpha=0.6, beta=0.2),
+                                      (torch.randn(5, 10), torch.randn(5, 0), torch.randn(0, 10))),
+    "matmul_of_no_rows": (lambda x, y: x @ y, (torch.randn(0, 4), torch.randn(4, 5))),
+    "sum_over_an_empty_axis": (lambda x: (x.sum(0), torch.linalg.vecdot(x[:, 0], x[:, 1])), (torch.randn(0, 4),)),
+    "all_and_any_over_an_empty_axis": (lambda x: ((x > 0).all(0), (x > 0).any(0)), (torch.randn(0, 4),)),
+    "an_empty_output_beside_a_full_one": (lambda x: (x[:, :0] * 2, x.sum()), (torch.randn(3, 4),)),
+    "logsumexp_of_a_0d_tensor": (lambda x: torch.logsumexp(x, (0,), True), (torch.tensor(2.5),)),
+    "index_select_of_a_0d_tensor": (lambda x, i: torch.index_select(x, 0, i), (torch.tensor(2.5), torch.tensor([0]))),
+    "variance_of_one_value_is_nan": (lambda x: (x.var(), x.std(0)), (torch.randn(1),)),
+    "bool_products_are_logical": (lambda x, y: (torch.isclose(x, y), torch.isfinite(x), (x > 0) * (y > 0),
+                                                (x > 0) + (y > 0)), (torch.randn(20), torch.randn(20))),
+}
+
+
+@VIA
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_edge_cases_of_the_opinfo_samples(name, via):
+    fn, args = EDGES[name]
+    assert_like_eager(run(Fn(fn), args, via), fn(*args))
