@@ -261,3 +261,17 @@ EDGES = {   # OpInfo samples that raised internal errors (ZeroDivisionError, Ind
 def test_edge_cases_of_the_opinfo_samples(name, via):
     fn, args = EDGES[name]
     assert_like_eager(run(Fn(fn), args, via), fn(*args))
+
+
+FUZZED = {   # minimal programs the fuzzer shrank its failures to
+    # the softmax's output is written through the permuted view its reader wants, whose rows do not merge as
+    # x's do: tile failed ('NoneType' object has no attribute 'box_ap')
+    "softmax_over_dim_0_of_unit_dims": (lambda x: F.softmax(F.silu(x), dim=0), (torch.randn(1, 1, 2, 2),)),
+}
+
+
+@VIA
+@pytest.mark.parametrize("name", sorted(FUZZED))
+def test_programs_the_fuzzer_found(name, via):
+    fn, args = FUZZED[name]
+    assert_like_eager(run(Fn(fn), args, via), fn(*args))

@@ -41,24 +41,31 @@ SBUF_ALIGN = 64    # passes/allocate.py rounds every SBUF buffer up to this many
 DMA_CHUNK = 1 << 15   # bytes per DMA: a tile's transfer spreads over queues and the first rows arrive early
 
 
-def merged_rows(view: HbmView) -> HbmView:
-    """`view` as [*rows, C] with its leading dims merged where the strides allow and size-1 dims dropped.
+def merged_rows(*views: HbmView) -> tuple[HbmView, ...]:
+    """The views (of one shape [*lead, C]) as [*rows, C], their leading dims merged where the strides of every
+    one allow and size-1 dims dropped; a 1-D shape becomes [1, C].
 
-    A 1-D view becomes [1, C]. The element order is unchanged: row r of the result is row r of the
-    flattened input, so a contiguous output reshaped the same way pairs with it row for row.
+    The element order is unchanged, so row r of each result is row r of the flattened shape and the views
+    pair row for row: an input and an output written through a permuted view (tile.py storage_for) merge
+    only the dims that both can merge.
     """
-    lead = [(s, st) for s, st in zip(view.shape[:-1], view.strides[:-1]) if s != 1]
-    merged: list[tuple[int, int]] = []
-    for size, stride in reversed(lead):
-        if merged and stride == merged[-1][1] * merged[-1][0]:
-            inner_size, inner_stride = merged[-1]
-            merged[-1] = (inner_size * size, inner_stride)
+    shape = views[0].shape
+    lead = [d for d, s in enumerate(shape[:-1]) if s != 1]
+    groups: list[list[int]] = []     # runs of leading dims, innermost last, each merged into one
+    for d in reversed(lead):
+        if groups and all(v.strides[d] == v.strides[groups[-1][0]] * shape[groups[-1][0]] for v in views):
+            groups[-1].insert(0, d)
         else:
-            merged.append((size, stride))
-    merged.reverse()
-    merged = merged or [(1, 0)]
-    return HbmView(view.tensor, view.dtype, tuple(s for s, _ in merged) + view.shape[-1:],
-                   tuple(st for _, st in merged) + view.strides[-1:], view.offset)
+            groups.append([d])
+    groups.reverse()
+
+    def merge(view: HbmView) -> HbmView:
+        if not groups:
+            return HbmView(view.tensor, view.dtype, (1, shape[-1]), (0, view.strides[-1]), view.offset)
+        sizes = tuple(math.prod(shape[d] for d in g) for g in groups)
+        strides = tuple(view.strides[g[-1]] for g in groups)
+        return HbmView(view.tensor, view.dtype, sizes + shape[-1:], strides + view.strides[-1:], view.offset)
+    return tuple(merge(v) for v in views)
 
 
 def row_tiles(rows: tuple[int, ...]) -> Iterator[tuple[int, int, list[tuple[int, tuple]]]]:
@@ -118,8 +125,7 @@ class _Rows:
 
     def __init__(self, kb: KernelBuilder, x: HbmView, out: HbmView):
         self.kb = kb
-        self.x = merged_rows(x)
-        self.out = out.reshape(self.x.shape)
+        self.x, self.out = merged_rows(x, out)
         self.c = x.shape[-1]
 
     def tiles(self) -> Iterator[dict]:
