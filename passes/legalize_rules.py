@@ -253,7 +253,8 @@ def _acc(dtype: DType) -> DType:
 
 def _mean(rw: Rewriter, x, axes, keepdim, dtype):
     count = math.prod(x.shape[d] for d in axes)
-    return rw.scalar(rw.reduce(x, "sum", axes, keepdim, _acc(dtype)), "mul", 1.0 / count, dtype=dtype)
+    scale = 1.0 / count if count else math.nan   # the mean of no values is nan, as in torch
+    return rw.scalar(rw.reduce(x, "sum", axes, keepdim, _acc(dtype)), "mul", scale, dtype=dtype)
 
 
 def _var(rw: Rewriter, x, axes, correction, keepdim, dtype):

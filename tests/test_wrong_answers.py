@@ -251,6 +251,10 @@ EDGES = {   # OpInfo samples that raised internal errors (ZeroDivisionError, Ind
     "logsumexp_of_a_0d_tensor": (lambda x: torch.logsumexp(x, (0,), True), (torch.tensor(2.5),)),
     "index_select_of_a_0d_tensor": (lambda x, i: torch.index_select(x, 0, i), (torch.tensor(2.5), torch.tensor([0]))),
     "variance_of_one_value_is_nan": (lambda x: (x.var(), x.std(0)), (torch.randn(1),)),
+    "mean_and_variance_of_no_values_are_nan": (lambda x: (torch.var_mean(x), torch.std_mean(x, dim=0)),
+                                               (torch.randn(0, 5),)),
+    "aminmax_of_a_0d_tensor": (lambda x: torch.aminmax(x, dim=0), (torch.tensor(2.5),)),
+    "rms_norm_of_no_rows": (lambda x, w: F.rms_norm(x, (1,), w), (torch.randn(0, 1), torch.randn(1))),
     "bool_products_are_logical": (lambda x, y: (torch.isclose(x, y), torch.isfinite(x), (x > 0) * (y > 0),
                                                 (x > 0) + (y > 0)), (torch.randn(20), torch.randn(20))),
 }
