@@ -17,6 +17,7 @@ import torch
 from trnc import ir
 from trnc.capture import DTYPES
 from trnc.isa.dtypes import DType
+from trnc.passes.kernels import attention as attention_kernel
 
 if TYPE_CHECKING:
     from trnc.passes.legalize import Rewriter
@@ -430,9 +431,28 @@ def _attention(rw: Rewriter, n, a, shape, dtype):
         zero, minus_inf = rw.scalar_const(0.0, DType.FP32), rw.scalar_const(-math.inf, DType.FP32)
         mask = rw.where(mask, zero, minus_inf, DType.FP32)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    if attention_kernel.beyond_limits(q.shape[-1], v.shape[-1], k.shape[-2]):
+        return _unfused_attention(rw, q, k, v, mask, float(scale), bool(a["is_causal"]), dtype)
     inputs = (q, k, v) + ((mask,) if mask is not None else ())
     return rw.emit("attention", inputs, shape, dtype, scale=float(scale), causal=bool(a["is_causal"]),
                    has_mask=mask is not None)
+
+
+def _unfused_attention(rw: Rewriter, q, k, v, mask, scale: float, causal: bool, dtype: DType) -> ir.Node:
+    """softmax(scale * q k^T + mask) v as two matmuls and a softmax, as torch's math backend computes it, for the
+    shapes the fused kernel cannot take (a head dim over 128, more than its keys). Scores are fp32."""
+    rank = len(k.shape)
+    kt = rw.permute(k, (*range(rank - 2), rank - 1, rank - 2))
+    scores = rw.scalar(_matmul(rw, q, kt, DType.FP32), "mul", scale, dtype=DType.FP32)
+    if causal:   # top-left aligned: query i sees keys j <= i
+        sq, sk = q.shape[-2], k.shape[-2]
+        above = torch.ones(sq, sk, dtype=torch.bool).triu(1)
+        scores = rw.binary("add", scores, rw.const(torch.zeros(sq, sk).masked_fill(above, -math.inf), DType.FP32),
+                           DType.FP32)
+    if mask is not None:
+        scores = rw.binary("add", scores, mask, DType.FP32)
+    weights = rw.emit("softmax", (scores,), scores.shape, q.dtype)
+    return _matmul(rw, weights, v, dtype)
 
 
 @rule("aten.scaled_dot_product_attention.default")

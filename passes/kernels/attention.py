@@ -39,7 +39,8 @@ to SBUF, the mask tile is added, causal entries are set to -inf (affine_select),
 plan runs on that tile, the softmax input as torch forms it (scale*S + mask).
 
 Limits: D <= 128 (the PE contraction), Dv <= 511 (Dv + 1 fp32 in one PSUM bank), Sk <= MAX_KEYS
-(the [128, Sk] fp32 score tile takes Sk/512 of PSUM's 8 banks).
+(the [128, Sk] fp32 score tile takes Sk/512 of PSUM's 8 banks); legalize lowers an attention beyond
+them as two matmuls and a softmax (`beyond_limits`).
 """
 from __future__ import annotations
 
@@ -122,6 +123,19 @@ class _Item:
         return min(P, self.keys - j * P)
 
 
+def beyond_limits(d: int, dv: int, sk: int) -> str | None:
+    """Why the fused kernel cannot take head dim d, value dim dv and sk keys, or None when it can (legalize
+    lowers such an attention unfused, as two matmuls and a softmax)."""
+    if d > P:
+        return f"head dim D={d}: the fused kernel contracts over D on the {P} PE rows, so D <= {P}"
+    if dv >= MOVING_FMAX:
+        return (f"value dim Dv={dv}: the output tile [128, Dv + 1] fp32 must fit one PSUM bank, so "
+                f"Dv <= {MOVING_FMAX - 1}")
+    if not 1 <= sk <= MAX_KEYS:
+        return f"Sk={sk} keys: the fused kernel keeps a [128, Sk] fp32 score tile in PSUM, so 1 <= Sk <= {MAX_KEYS}"
+    return None
+
+
 def _geometry(kernel: ir.Kernel) -> _Geometry:
     node = kernel.output
     q, k, v = node.inputs[:3]
@@ -132,15 +146,9 @@ def _geometry(kernel: ir.Kernel) -> _Geometry:
     if cd not in COMPUTE_DTYPES:
         raise UnsupportedOpError(f"attention with compute dtype {cd.text}{where}: the fused kernel computes in "
                                  f"{', '.join(t.text for t in COMPUTE_DTYPES)}")
-    if d > P:
-        raise UnsupportedOpError(f"attention with head dim D={d}{where}: the fused kernel contracts over D on the "
-                                 f"{P} PE rows, so D <= {P}; split the heads")
-    if dv >= MOVING_FMAX:
-        raise UnsupportedOpError(f"attention with value dim Dv={dv}{where}: the output tile [128, Dv + 1] fp32 must "
-                                 f"fit one PSUM bank, so Dv <= {MOVING_FMAX - 1}; split v along its last dim")
-    if not 1 <= sk <= MAX_KEYS:
-        raise UnsupportedOpError(f"attention over Sk={sk} keys{where}: the fused kernel keeps a [128, Sk] fp32 score "
-                                 f"tile in PSUM, so 1 <= Sk <= {MAX_KEYS}; split the keys (chunked attention)")
+    problem = beyond_limits(d, dv, sk)
+    if problem:
+        raise UnsupportedOpError(f"attention{where}: {problem}")
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal, has_mask = bool(node.attrs.get("causal")), bool(node.attrs.get("has_mask"))

@@ -197,6 +197,29 @@ def test_sdpa_bool_mask_becomes_where_zero_minus_inf():
     assert [float(c.attrs["value"]) for c in where.inputs[1:]] == [0.0, -math.inf]
 
 
+@pytest.mark.parametrize("q_shape, k_shape, dv", [((2, 2, 5, 160), (2, 2, 7, 160), 160),   # D > 128
+                                                  ((1, 2, 3, 16), (1, 2, 2050, 16), 16),    # Sk > 2048 keys
+                                                  ((1, 1, 4, 8), (1, 1, 6, 8), 520)])       # Dv > 511
+@pytest.mark.parametrize("causal, masked", [(False, False), (True, False), (False, True)])
+def test_sdpa_beyond_the_fused_kernels_limits_is_two_matmuls_and_a_softmax(q_shape, k_shape, dv, causal, masked):
+    q, k, v = x(*q_shape), x(*k_shape), x(*k_shape[:-1], dv)
+    mask = torch.rand(q_shape[-2], k_shape[-2]) > 0.3
+    mask[..., 0] = True
+
+    def sdpa(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m if masked else None, is_causal=causal)
+    graph = check(Fn(sdpa), q, k, v, mask)
+    assert not ops(graph, "attention") and len(ops(graph, "matmul")) == 2 and len(ops(graph, "softmax")) == 1
+
+
+def test_sdpa_with_a_head_dim_over_128_compiles_and_matches_eager():
+    import trnc
+    q, k, v = x(1, 2, 130, 160), x(1, 2, 70, 160), x(1, 2, 70, 96)
+    model = Fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    out, ref = trnc.compile(model, (q, k, v), cache=False)(q, k, v), model(q, k, v)
+    assert float((out - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
 def test_sdpa_grouped_query_heads_are_expanded():
     q, k, v = _qkv(heads=4, kv_heads=2)
     graph = check(Fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)), q, k, v)
