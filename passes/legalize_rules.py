@@ -18,6 +18,7 @@ from trnc import ir
 from trnc.capture import DTYPES
 from trnc.isa.dtypes import DType
 from trnc.passes.kernels import attention as attention_kernel
+from trnc.passes.kernels.matmul_plan import on_vector_engines
 
 if TYPE_CHECKING:
     from trnc.passes.legalize import Rewriter
@@ -376,8 +377,15 @@ def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
     a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
     b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
     batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-    shape = batch + (a2.shape[-2], b2.shape[-1])
-    out = rw.filled(0, shape, dtype) if a2.shape[-1] == 0 else rw.emit("matmul", (a2, b2), shape, dtype)
+    (m, k), n = a2.shape[-2:], b2.shape[-1]
+    shape = batch + (m, n)
+    if k == 0:
+        out = rw.filled(0, shape, dtype)
+    elif on_vector_engines(math.prod(batch), m, k, n):   # sum over k of a[..., m, k, 1] * b[..., 1, k, n]
+        a4, b4 = rw.reshape(a2, a2.shape + (1,)), rw.reshape(b2, b2.shape[:-2] + (1, k, n))
+        out = rw.reduce(rw.binary("mul", a4, b4, _acc(dtype)), "sum", (len(shape) - 1,), False, dtype)
+    else:
+        out = rw.emit("matmul", (a2, b2), shape, dtype)
     shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
     return rw.reshape(out, shape)
 

@@ -220,6 +220,19 @@ def test_sdpa_with_a_head_dim_over_128_compiles_and_matches_eager():
     assert float((out - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
 
 
+def test_a_batch_of_tiny_matmuls_is_a_multiply_and_a_sum():
+    """The fuzzer's [128, 513, 1, 1] @ its transpose compiled 65664 one-element matmuls for minutes."""
+    import trnc
+    graph = check(Fn(lambda a, b: a @ b), x(13, 51, 6, 2), x(51, 2, 5))
+    assert not ops(graph, "matmul") and len(ops(graph, "reduce")) == 1
+    big = x(128, 513, 1, 1)
+    model = Fn(lambda v: v @ v.transpose(-1, -2))
+    compiled = trnc.compile(model, (big,), cache=False)
+    assert compiled.stats["instructions"] < 100
+    assert torch.equal(compiled(big), model(big))
+    assert ops(check(Fn(lambda a, b: a @ b), x(127, 6, 2), x(127, 2, 5)), "matmul")   # a batch under 128
+
+
 def test_sdpa_grouped_query_heads_are_expanded():
     q, k, v = _qkv(heads=4, kv_heads=2)
     graph = check(Fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)), q, k, v)
