@@ -81,7 +81,10 @@ class Rewriter:
 
     def const(self, value: torch.Tensor, dtype: DType) -> ir.Node:
         """A const node of `value` stored as `dtype` (small ones shared by exact value). int64 values outside
-        int32 are kept exact for later constant evaluation and fail only if the constant survives legalize."""
+        int32 are kept exact for later constant evaluation and fail only if the constant survives legalize.
+        The value is kept contiguous: a view of it evaluated later must not see an expand's zero strides (the
+        constant shared by value may come from an expand, and its copy from a clone)."""
+        value = value.contiguous()
         try:
             array = array_of(value, dtype)
             lossy = False

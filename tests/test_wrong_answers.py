@@ -274,6 +274,23 @@ FUZZED = {   # minimal programs the fuzzer shrank its failures to
 }
 
 
+class BroadcastWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 1, 1), requires_grad=False)
+
+    def forward(self, v):
+        return v @ self.weight
+
+
+@VIA
+def test_a_batched_matmul_by_a_broadcast_weight(via):
+    """The fuzzer: aot_autograd expands, clones and views the weight; legalize shared the clone's value with the
+    expand's (equal bytes, zero strides), and torch could not view it (an internal error in legalize)."""
+    model, v = BroadcastWeight(), torch.randn(2, 2, 1, 1)
+    assert_like_eager(run(model, (v,), via), model(v))
+
+
 @VIA
 @pytest.mark.parametrize("name", sorted(FUZZED))
 def test_programs_the_fuzzer_found(name, via):
