@@ -381,13 +381,24 @@ def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
     shape = batch + (m, n)
     if k == 0:
         out = rw.filled(0, shape, dtype)
-    elif on_vector_engines(math.prod(batch), m, k, n):   # sum over k of a[..., m, k, 1] * b[..., 1, k, n]
-        a4, b4 = rw.reshape(a2, a2.shape + (1,)), rw.reshape(b2, b2.shape[:-2] + (1, k, n))
-        out = rw.reduce(rw.binary("mul", a4, b4, _acc(dtype)), "sum", (len(shape) - 1,), False, dtype)
+    elif on_vector_engines(math.prod(batch), m, k, n):
+        out = _outer_products(rw, a2, b2, dtype)
     else:
         out = rw.emit("matmul", (a2, b2), shape, dtype)
     shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
     return rw.reshape(out, shape)
+
+
+def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
+    """a @ b as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise chain,
+    which fuses into one kernel whose partial sums stay fp32, so it computes what TensorE does (each product
+    rounded once in fp32, exact for bf16 operands, accumulated over k = 0..K-1 in fp32)."""
+    rows = len(b.shape) - 2
+    total = None
+    for k in range(a.shape[-1]):
+        term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32)
+        total = term if total is None else rw.binary("add", total, term, DType.FP32)
+    return rw.cast(total, dtype)
 
 
 def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:

@@ -77,17 +77,16 @@ class Gemm:
         return self.a.permute((*range(nb), nb + 1, nb))
 
 
-TINY_MATRIX = 8   # M and N at most this: a matmul instruction would use at most 8 of the PE's 128 x 128 cells
+TINY_MATRIX = 8   # M, K and N at most this: a matmul instruction would use at most 8 of the PE's 128 x 128 cells
 
 
 def on_vector_engines(batch: int, m: int, k: int, n: int) -> bool:
-    """Whether a matmul of `batch` tiny matrices is better computed as a broadcast multiply and a sum over K on
-    the vector engines (legalize builds it so). This kernel lowers each batch index on its own: a few DMAs of
-    ~600 ns fixed cost and a matmul of at least 64 cycles each, five instructions per index (128 x 513
-    products of [1, 1] matrices compiled to 328k instructions). The vector form puts the batch on the
-    partitions, 128 indices per instruction, and with M and N this small its [..., M, K, N] products are at
-    most 4x the operands' size."""
-    return batch >= PARTITIONS and m <= TINY_MATRIX and n <= TINY_MATRIX and k <= PARTITIONS
+    """Whether a matmul of `batch` tiny matrices is better computed on the vector engines, as a sum of K outer
+    products (legalize builds it so). This kernel lowers each batch index on its own: a few DMAs of ~600 ns
+    fixed cost and a matmul of at least 64 cycles each, five instructions per index (128 x 513 products of
+    [1, 1] matrices compiled to 328k instructions). The vector form is one elementwise kernel of 2K - 1 ops
+    that puts the batch on the partitions, 128 indices per instruction."""
+    return batch >= PARTITIONS and max(m, k, n) <= TINY_MATRIX
 
 
 def gemm_of(kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> Gemm:
