@@ -1,0 +1,328 @@
+"""The float64 reference of a program and its tolerance, from re-running it with its roundings perturbed.
+
+Why this design. A fixed rtol/atol is either too loose for a short fp32 program or too tight for a long bf16
+one, and it fails wherever cancellation makes a small result depend on large intermediates. Instead the
+program runs in float64 lanes:
+
+- lane 0, the reference: exact arithmetic, the casts to bfloat16/float16 applied as torch applies them;
+- per precision, a deterministic lane: the reference plus the roundings every implementation makes alike,
+  computed exactly: matmul and attention operands in the operand dtype (bf16 under auto_cast="all"),
+  constants narrowed to bf16 (auto_cast="all"), casts;
+- per precision, LANES noisy lanes: the deterministic lane with every op's result also moved by its local
+  rounding error bound times a random sign and a random size in [1/2, 1] (ops.py computes each step):
+  - a rounded op (add, div, sqrt, casts, and exact ops such as views, max or where whose value is not
+    representable in the storage dtype): u * |y|, u the storage dtype's unit roundoff, 2^-24 fp32, 2^-11 fp16,
+    2^-8 bf16. A representable result is exact on any IEEE machine and is left alone, so exact ops on exact
+    values stay exact and ties between them stay ties;
+  - a function (exp, tanh, gelu, pow, ...): (u + 2 k 2^-24) * |y|, k its documented error in fp32 ulps;
+  - a sum of n terms (sum, mean, matmul, linear, the sums in softmax, norms and attention): n * 2^-24 times
+    the sum of the terms' magnitudes (trnc and eager both accumulate in fp32), then the rounding of the result.
+
+The storage dtype is the program's own dtype at precision fp32, and bf16 for every float value at precision
+bf16 with auto_cast="all" (trnc narrows every intermediate there, the intermediates of what torch decomposes,
+var/std and rms_norm, included; the fused kernels keep fp32 inside). A noisy lane thus samples how local
+errors of the sizes an implementation may make propagate to the outputs, through cancellation and
+amplification. An output element's deviation is |deterministic - reference| + the largest |noisy -
+deterministic|: added rather than sampled together, so noise that happens to cancel the deterministic error
+cannot hide it, and the sizes in [1/2, 1] keep a lone error from being sampled near zero. Noisy values are not
+re-rounded to the storage grid: snapping every lane to the same grid point made the sampled spread vanish
+exactly where the real error is half an ulp (seen at bf16). A few lanes still sample a sum of several errors
+near zero in some element of a large tensor now and then (with four lanes, about 1e-4 per element for four
+errors of one size: seen at bf16 as a mismatch of 1.05x the tolerance; hence LANES = 6), so an element's
+deviation is at least RELATIVE_FLOOR times the median relative deviation of its value's inexact elements:
+the elements of one value come from the same chain of ops, and one far below the rest is a sampling accident
+more often than a better conditioned element. The tolerance is
+
+    SAFETY * deviation + u_out * (|ref| + max |ref|) + tiny_out
+
+with SAFETY = 8 for the gap between a few samples and the worst case (the accumulation terms are already
+worst cases, n rather than sqrt(n)), u_out * |ref| the final rounding into the output dtype and tiny_out the
+smallest normal of the output dtype, for results that underflow (every rounding step also allows the
+underflow of its storage dtype: fp16 underflows below 6e-5). u_out * max |ref|, one rounding of the output's
+largest element, is the floor for elements far below it: exp amplifies an error in its argument
+exponentially, so a softmax of large logits can be off by a factor of e^10 in an element of 1e-27 (seen in
+eager), which SAFETY, a factor on the output rather than on the exponent, cannot cover. Eager itself must lie within the fp32
+tolerance; a program where it does not is dropped (that measures the bound, not trnc).
+
+Programs the bound cannot judge are re-drawn instead: a non-finite or huge (> LIMIT) value in any lane, and a
+comparison whose operands are within SAFETY times their deviations of a tie in some element, since rounding
+may flip it legitimately (if both operands are exact, a tie is a tie and stays); and a softmax or attention
+whose logits deviate by more than 1 / SAFETY nats: past that the result is decided by which of two near-equal
+large logits wins, a discontinuity in all but name (seen at bf16: logits of 1e4 two nats apart, where eager
+picked one key and trnc, within bf16's rounding, weighed two). max, min, amax and clamp need
+no such check: they are continuous, so a near-tie moves their value by no more than the operands' errors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+
+from .build import Invalid, batches, build, eval_text, evaluate, input_tensors, macs, param_seed, resolve
+from .check import compare
+from .draw import DTYPES, draw
+from .ops import OPS
+from .program import Input, Meta, Op, Param, Program
+
+U = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+TINY = {torch.float32: 2.0 ** -126, torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -14}
+SAFETY = 8.0
+LANES = 6
+RELATIVE_FLOOR = 0.25
+LIMIT = 1e4
+MAX_ELEMENTS = 2 ** 18      # per value: a program runs in well under a second
+MAX_MACS = 2 ** 23          # per matmul or attention, for the float64 lanes' sake
+MAX_BATCHES = 1024          # batch indices of a matmul or attention: trnc lowers each on its own but for tiny
+                            # matrices, so compile time grows with them (1024 of 16 x 16: 2 s; 65664 of 1 x 1 took
+                            # 10 minutes before trnc moved tiny ones to the vector engines)
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How trnc stores values: "fp32" in the program's dtypes (auto_cast="none"), "bf16" with auto_cast="all"."""
+
+    precision: str
+
+    def storage(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.bfloat16 if self.precision == "bf16" else dtype
+
+    @property
+    def internal(self) -> torch.dtype:
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+
+
+def _round(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return y.to(dtype).double() if dtype in U else y
+
+
+class Lane:
+    """One float64 run of a program: the reference (mode None), or in a mode either the deterministic lane (the
+    roundings every implementation makes alike: matmul operands, constants, casts) or a noisy lane (those plus
+    every op's local rounding error, with a random sign and a random size in [1/2, 1] of its bound)."""
+
+    def __init__(self, mode: Mode | None, index: int, noisy: bool = False):
+        self.mode, self.index, self.noisy = mode, index, noisy
+        self.perturbed = mode is not None
+        self.gen = torch.Generator()
+
+    def start(self, seed: int) -> None:
+        """Seed the noise of one op: its draws depend on the op, not on what was evaluated before."""
+        self.gen.manual_seed(seed * 64 + self.index)
+
+    @property
+    def internal(self) -> torch.dtype:
+        return self.mode.internal if self.perturbed else torch.float32
+
+    def _noise(self, y: torch.Tensor) -> torch.Tensor:
+        size = 0.5 + 0.5 * torch.rand(y.shape, generator=self.gen, dtype=torch.float64)
+        return torch.where(torch.rand(y.shape, generator=self.gen) < 0.5, -size, size)
+
+    def store(self, y: torch.Tensor, dtype: torch.dtype, ulps: float = 0.0, absolute=None) -> torch.Tensor:
+        """y rounded once (plus `ulps` fp32 ulps of function error, plus an `absolute` error bound) into the dtype
+        it is stored in."""
+        if not self.noisy or not dtype.is_floating_point:
+            return y
+        storage = self.mode.storage(dtype)
+        bound = (U[storage] + 2 * ulps * U[torch.float32]) * y.abs() + TINY[storage]   # TINY: underflow
+        if ulps == 0:
+            bound = torch.where(_round(y, storage) == y, 0.0, bound)
+        if absolute is not None:
+            bound = bound + absolute
+        return y + torch.where(torch.isfinite(y), bound, 0.0) * self._noise(y)
+
+    def acc(self, y: torch.Tensor, magnitude: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A sum of n terms whose magnitudes sum to `magnitude`, accumulated in fp32, stored in `dtype`."""
+        if not self.noisy:
+            return y
+        bound = torch.where(torch.isfinite(magnitude), n * U[torch.float32] * magnitude, 0.0)
+        return self.store(y + bound * self._noise(y), dtype)
+
+    def operand(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A matmul operand of dtype `dtype` as the machine feeds it: in bf16 under auto_cast="all"."""
+        if not self.perturbed:
+            return x
+        return _round(x, torch.bfloat16 if self.mode.precision == "bf16" else dtype)
+
+    def param(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A parameter: trnc narrows every float constant to bf16 under auto_cast="all"."""
+        return _round(t, torch.bfloat16) if self.perturbed and self.mode.precision == "bf16" else t
+
+    def cast(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """x converted to `dtype` as torch converts it (in every lane), off by its rounding when noisy."""
+        if not x.is_floating_point():
+            return x.double()
+        y = _round(x, dtype)
+        if self.noisy:
+            y = y + torch.where(y != x, U[dtype] * y.abs(), 0.0) * self._noise(y)
+        return self.store(y, dtype)
+
+
+class Evaluation:
+    """A program's values in every lane, node by node (the generator adds and removes nodes as it goes)."""
+
+    def __init__(self, precisions=PRECISIONS):
+        self.modes = [Mode(p) for p in precisions]
+        per_mode = LANES + 1
+        self.lanes = [Lane(None, 0)] + [Lane(m, 1 + j * per_mode + k, noisy=k > 0) for j, m in enumerate(self.modes)
+                                        for k in range(per_mode)]
+        self.values: list[list[torch.Tensor]] = []
+        self.metas: list[Meta] = []
+        self.logits: dict[int, list[torch.Tensor]] = {}   # per lane, of the softmax-like nodes
+
+    def lanes_of(self, precision: str) -> tuple[int, list[int]]:
+        """The deterministic lane and the noisy lanes of a precision."""
+        first = 1 + [m.precision for m in self.modes].index(precision) * (LANES + 1)
+        return first, list(range(first + 1, first + LANES + 1))
+
+    def add(self, node: Input | Op, meta: Meta, params: list[Param]) -> None:
+        if isinstance(node, Input):
+            t = draw(node.shape, node.dtype, node.kind, node.seed, 1.0, node.high)
+            t = t.double() if t.is_floating_point() else t
+            self.values.append([t] * len(self.lanes))
+        else:
+            self.values.append(self._op(node, meta, params))
+        self.metas.append(meta)
+
+    def _op(self, node: Op, meta: Meta, params: list[Param]) -> list[torch.Tensor]:
+        drawn = [draw(p.shape, p.dtype, p.kind, param_seed(node, k), p.scale).double() for k, p in enumerate(params)]
+        text = eval_text(node, len(node.args), len(params))
+
+        def ev(args, ps):
+            return evaluate(text, args, ps)
+
+        metas = [self.metas[a] for a in node.args]
+        logits = OPS[node.kind].logits
+        out = []
+        for j, lane in enumerate(self.lanes):
+            lane.start(node.seed)
+            ps = [lane.param(t, DTYPES[p.dtype]) for t, p in zip(drawn, params)]
+            args = [self.values[a][j].contiguous() for a in node.args]   # eager (meta) decides which views are valid
+            y = OPS[node.kind].reference(lane, ev, args, ps, node.a, metas, meta)
+            if tuple(y.shape) != meta.shape:
+                raise AssertionError(f"the reference of {node.kind} has shape {list(y.shape)}, eager {meta.shape}")
+            out.append(y)
+            if logits is not None:
+                self.logits.setdefault(len(self.values), []).append(logits(lane, args, ps, node.a, metas))
+        return out
+
+    def pop(self) -> None:
+        self.logits.pop(len(self.values) - 1, None)
+        self.values.pop()
+        self.metas.pop()
+
+    def _spread(self, values: list[torch.Tensor], precision: str) -> torch.Tensor:
+        """|deterministic - reference| + the largest |noisy - deterministic|, elementwise."""
+        det, noisy = self.lanes_of(precision)
+        spread = torch.stack([(values[j] - values[det]).abs() for j in noisy]).amax(0)
+        return (values[det] - values[0]).abs() + spread
+
+    def deviation(self, index: int, precision: str) -> torch.Tensor:
+        """The spread of the lanes, at least RELATIVE_FLOOR times the value's median relative deviation (see the
+        module docstring)."""
+        values = self.values[index]
+        dev = self._spread(values, precision)
+        size = values[0].abs()
+        relative = (dev / size)[(dev > 0) & (size > 0)]
+        if relative.numel():
+            dev = torch.maximum(dev, RELATIVE_FLOOR * relative.median() * size)
+        return dev
+
+    def tolerance(self, index: int, precision: str) -> torch.Tensor:
+        dtype, ref = self.metas[index].dtype, self.values[index][0].abs()
+        scale = ref.max() if ref.numel() else 0.0
+        return SAFETY * self.deviation(index, precision) + U[dtype] * (ref + scale) + TINY[dtype]
+
+    def trouble(self, index: int, node: Input | Op) -> str | None:
+        """Why node `index` makes the program one the tolerance cannot judge, or None."""
+        meta, values = self.metas[index], self.values[index]
+        if meta.is_float:
+            if not torch.isfinite(values[0]).all():
+                return "a non-finite value"
+            if values[0].numel() and values[0].abs().max() > LIMIT:
+                return "a value over LIMIT"
+            if not all(torch.isfinite(v).all() for v in values[1:]):
+                return "a non-finite value in a perturbed lane"
+        if isinstance(node, Op) and OPS[node.kind].compare:
+            return self._near_tie(node)
+        if index in self.logits:
+            logits = [torch.where(torch.isfinite(t), t, 0.0) for t in self.logits[index]]
+            if any((SAFETY * self._spread(logits, m.precision)).max() > 1 for m in self.modes):
+                return "softmax logits whose rounding errors reach one nat"
+        return None
+
+    def _near_tie(self, node: Op) -> str | None:
+        a = node.args[0]
+        b = node.args[1] if len(node.args) > 1 else None
+        if a == b:      # x < x: one value on both sides, equal whatever its rounding
+            return None
+        ref_b = self.values[b][0] if b is not None else torch.tensor(float(node.a["c"]), dtype=torch.float64)
+        margin = (self.values[a][0] - ref_b).abs()
+        for m in self.modes:
+            dev = self.deviation(a, m.precision) + (self.deviation(b, m.precision) if b is not None else 0.0)
+            if not ((margin > SAFETY * dev) | (dev == 0)).all():
+                return f"a near-tie of a comparison at {m.precision}"
+        return None
+
+
+def size_trouble(op: Op | Input, metas: list[Meta], meta: Meta) -> str | None:
+    if not 1 <= meta.numel <= MAX_ELEMENTS:
+        return f"a value of {meta.numel} elements"
+    if isinstance(op, Op) and macs(op, metas, meta) > MAX_MACS:
+        return "a contraction over MAX_MACS"
+    if isinstance(op, Op) and batches(op, metas) > MAX_BATCHES:
+        return "a contraction over MAX_BATCHES"
+    return None
+
+
+def evaluation(program: Program, precisions=PRECISIONS) -> tuple[Evaluation, list[list[Param]]]:
+    """Every lane of the program, and its parameters; Invalid if any value is out of bounds, non-finite or a
+    comparison near a tie."""
+    metas, params = resolve(program)
+    ev = Evaluation(precisions)
+    for i, node in enumerate(program.nodes):
+        reason = size_trouble(node, metas, metas[i])
+        if reason is None:
+            ev.add(node, metas[i], params[i])
+            reason = ev.trouble(i, node)
+        if reason is not None:
+            raise Invalid(f"node {i} ({getattr(node, 'kind', 'input')}): {reason}")
+    return ev, params
+
+
+@dataclass
+class Case:
+    """A program ready to compile: the module, its inputs, eager's outputs, the reference and the tolerance of
+    every output leaf at the precision (None for integer and bool leaves)."""
+
+    program: Program
+    module: torch.nn.Module
+    inputs: list[torch.Tensor]
+    eager: object
+    ref: list
+    tol: list
+    redraws: tuple[str, ...] = ()   # why the generator dropped the drafts before this program
+
+
+def prepare(program: Program, precision: str) -> Case:
+    """The Case of `program` at `precision`; Invalid if the program is unfit, or eager is outside its fp32 bound."""
+    precisions = ("fp32",) if precision == "fp32" else ("fp32", precision)
+    ev, params = evaluation(program, precisions)
+    module, inputs = build(program, params), input_tensors(program)
+    try:
+        with torch.no_grad():
+            eager = module(*inputs)
+    except Exception as e:
+        raise Invalid(f"eager: {type(e).__name__}: {e}") from e
+    refs = [ev.values[o][0] if ev.metas[o].is_float else None for o in program.outputs]
+    sanity = compare(eager, eager, refs, [_tol(ev, o, "fp32") for o in program.outputs])
+    if sanity:
+        raise Invalid(f"eager outside its fp32 bound: {sanity[0]}")
+    if len(pytree.tree_leaves(eager)) != len(program.outputs):
+        raise AssertionError("forward's leaves are not the program's outputs")
+    return Case(program, module, inputs, eager, refs, [_tol(ev, o, precision) for o in program.outputs])
+
+
+def _tol(ev: Evaluation, index: int, precision: str):
+    return ev.tolerance(index, precision) if ev.metas[index].is_float else None
