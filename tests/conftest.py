@@ -17,9 +17,12 @@ os.environ["TRNC_COMPILE_CACHE"] = "0"
 
 @pytest.fixture(autouse=True)
 def seeded_rngs(request):
-    """Every test starts from the same global RNG state whatever ran before it in its worker: torch, numpy and
-    random are seeded from the test's own id, so a test's draws depend neither on import nor on test order."""
+    """Every test starts from the same RNG state whatever ran before it in its worker: torch, numpy and random are
+    seeded from the test's own id, and so is a module's own generator (a numpy Generator named RNG, which the
+    module's helpers draw from), so a test's draws depend neither on import nor on test order."""
     seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "little")
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
+    if isinstance(getattr(request.module, "RNG", None), np.random.Generator):
+        request.module.RNG = np.random.default_rng(seed)

@@ -19,8 +19,6 @@ from trnc.isa.dtypes import DType
 from trnc.passes.fold import FoldConstants
 from trnc.passes.legalize import Legalize
 
-torch.manual_seed(0)
-
 
 class Block(nn.Module):
     def __init__(self):

@@ -15,7 +15,7 @@ from trnc.interpret import array_of, evaluate, run_graph, store, tensor_of
 from trnc.isa.dtypes import DType
 from trnc.passes.fold import FOLD_MAX_ELEMENTS, FoldConstants
 
-rng = np.random.default_rng(0)
+RNG = np.random.default_rng(0)
 F32 = DType.FP32
 
 
@@ -34,7 +34,7 @@ def fold(graph):
 
 
 def test_constant_subgraphs_fold_and_the_rest_stays():
-    a, b = const(rng.standard_normal((2, 3))), const(rng.standard_normal(3))
+    a, b = const(RNG.standard_normal((2, 3))), const(RNG.standard_normal(3))
     x = node("input", (), (2, 3), index=0)
     add = node("binary", (a, b), (2, 3), op="add")
     exp = node("unary", (add,), (2, 3), func="exp")

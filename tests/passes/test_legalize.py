@@ -18,7 +18,6 @@ from trnc.isa.dtypes import DType
 from trnc.passes.fold import FoldConstants
 from trnc.passes.legalize import Legalize, pm_legalize
 
-torch.manual_seed(0)
 REL_TOL = 1e-6
 
 
