@@ -275,6 +275,9 @@ def _legalize_node(rw: Rewriter, node: ir.Node, rules, counts: Counter):
         result = rules[node.op](rw, node, bind(node, values))
     else:
         raise UnsupportedOpError(f"{node.op} is not supported{node.where()}")
+    if node.attrs.get("float64") and any(v.op != "const" for v in pytree.tree_leaves(result) if isinstance(v, ir.Node)):
+        raise UnsupportedOpError(f"{node.op} computes a float64 value from the model's inputs{node.where()}: the "
+                                 "machine has no 64-bit floats and would compute it in fp32; compute in float32")
     if isinstance(result, ir.Node) and result in rw.created:
         result.name = _result_name(node, values, result)
     return result

@@ -296,3 +296,35 @@ def test_a_batched_matmul_by_a_broadcast_weight(via):
 def test_programs_the_fuzzer_found(name, via):
     fn, args = FUZZED[name]
     assert_like_eager(run(Fn(fn), args, via), fn(*args))
+
+
+class Float64Softmax(nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, 1, dtype=torch.float64)
+
+
+class Float64Table(nn.Module):
+    """A float64 buffer that only constants read: legalize computes the table with torch, in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("freq", torch.linspace(0.5, 2.0, 8, dtype=torch.float64))
+
+    def forward(self, x):
+        return x * (self.freq * 3).sin().float()
+
+
+def test_float64_is_computed_in_float64_or_not_on_the_device():
+    """The OpInfo sweep (all samples): a log_softmax with dtype=float64 came back with fp32's accuracy
+    (float64 was computed in fp32). Values computed from inputs in float64 are refused now: an error naming
+    the op, or with fallback the op runs in eager in float64; float64 constants still fold."""
+    x = torch.randn(5, 10)
+    with pytest.raises(UnsupportedOpError, match="float64"):
+        run(Float64Softmax(), (x,), "api")
+    with pytest.raises(UnsupportedOpError, match="float64"):
+        run(Add(), (x.double(), x.double()), "api")
+    out = run(Float64Softmax(), (x,), "fallback")
+    assert out.dtype == torch.float64 and torch.equal(out, Float64Softmax()(x))
+    y = torch.randn(3, 8)
+    for via in ("api", "backend"):
+        assert_like_eager(run(Float64Table(), (y,), via), Float64Table()(y))

@@ -37,7 +37,9 @@ from trnc.isa.dtypes import DType
 from trnc.log import get_logger
 
 # torch dtype -> machine dtype; the machine has no 64-bit types, so int64 indices are int32 (the API casts
-# inputs at call time) and float64 computes in fp32 like every other float; bool is uint8 0/1
+# inputs at call time); float64 holds only constants (legalize computes what depends on them alone with torch,
+# in float64, and stores the result in fp32): a value computed from inputs in float64 is refused, since the
+# machine would compute it in fp32; bool is uint8 0/1
 DTYPES = {
     torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16, torch.float64: DType.FP32,
     torch.int64: DType.INT32, torch.int32: DType.INT32, torch.int16: DType.INT32, torch.bool: DType.UINT8,
@@ -154,6 +156,9 @@ class _Importer:
 
     def input(self, fx_node: torch.fx.Node) -> None:
         val = fx_node.meta["val"]
+        if val.dtype == torch.float64:
+            raise UnsupportedOpError(f"input {fx_node.name} is float64: the machine has no 64-bit floats and would "
+                                     "compute in fp32; pass float32 inputs (and a float32 model)")
         node = ir.Node("input", (), _static_shape(val, ""), dtype_of(val.dtype, f" (input {fx_node.name})"),
                        {"index": len(self.inputs)}, name=_sanitize(fx_node.name))
         self.inputs.append(node)
@@ -202,6 +207,8 @@ class _Importer:
             shape, dtype = _static_shape(val, where), dtype_of(val.dtype, where)
         else:   # no tensor result (asserts): legalize drops it
             shape, dtype = (), DType.FP32
+        if any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in pytree.tree_leaves(val)):
+            attrs["float64"] = True   # legalize refuses it unless it computes it as a constant
         self.add(ir.Node(str(target), tuple(inputs), shape, dtype, attrs, _sanitize(fx_node.name), source), fx_node)
 
     def outputs(self, output_node: torch.fx.Node) -> tuple[list[ir.Node], tuple[torch.dtype, ...]]:

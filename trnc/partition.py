@@ -71,9 +71,11 @@ def unsupported_reason(node: torch.fx.Node, reasons: dict[str, str], constants: 
     bad = sorted({str(t.dtype) for t in values if t.dtype not in DTYPES})
     if bad:
         return f"tensors of {', '.join(bad)} (the machine holds {', '.join(sorted(str(d) for d in DTYPES))})"
-    if str(target) in pm_legalize or _constant(node, constants):
+    if _constant(node, constants):
         return None
-    return NO_RULE
+    if any(t.dtype == torch.float64 for t in values):
+        return "float64 values computed from inputs (the machine has no 64-bit floats; it holds float64 constants)"
+    return None if str(target) in pm_legalize else NO_RULE
 
 
 def _constant(node: torch.fx.Node, constants: set[str]) -> bool:
