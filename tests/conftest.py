@@ -26,3 +26,14 @@ def seeded_rngs(request):
     random.seed(seed)
     if isinstance(getattr(request.module, "RNG", None), np.random.Generator):
         request.module.RNG = np.random.default_rng(seed)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After a run that swept the OpInfo ops (tests/test_opinfo.py), the on-device share docs/coverage.md now holds."""
+    reports = [r for outcome in ("passed", "failed") for r in terminalreporter.stats.get(outcome, [])]
+    if not any("test_opinfo.py::" in getattr(r, "nodeid", "") for r in reports):
+        return
+    coverage = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "coverage.md")
+    for line in open(coverage).read().splitlines():
+        if "on device:" in line and line.startswith("An op counts"):
+            terminalreporter.write_line("OpInfo sweep: " + line.split("; ", 1)[1].rstrip("."))
