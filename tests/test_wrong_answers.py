@@ -271,6 +271,10 @@ FUZZED = {   # minimal programs the fuzzer shrank its failures to
     # the softmax's output is written through the permuted view its reader wants, whose rows do not merge as
     # x's do: tile failed ('NoneType' object has no attribute 'box_ap')
     "softmax_over_dim_0_of_unit_dims": (lambda x: F.softmax(F.silu(x), dim=0), (torch.randn(1, 1, 2, 2),)),
+    # issue 11's: a layer norm without affine, three reshapes, a binary op and a log_softmax, failed the same way
+    "layer_norm_reshapes_binary_log_softmax": (
+        lambda x, y: F.log_softmax(F.layer_norm(x, (4,)).reshape(2, 3, 4).reshape(6, 4).reshape(3, 2, 4)
+                                   .transpose(0, 1) + y, dim=0), (torch.randn(6, 4), torch.randn(2, 3, 4))),
 }
 
 
