@@ -1,11 +1,11 @@
 """The process's LLVM code generator: host target machine, optimization pipeline, object code, and loading.
 
 One Codegen per process (`codegen()`), as in numba's CPUCodegen: it initializes the native target
-(never `llvm.initialize()`, which llvmlite deprecated and which raises), builds a target machine for
-the host triple, CPU name and features (so the host's vector extensions are used) at opt level 3, and
-owns the MCJIT engine into which compiled objects are loaded. `compile` turns LLVM IR text into object
-code: verify, the new pass manager's O3 pipeline with loop and SLP vectorization, verify again, emit.
-`load` adds object code (fresh or from runtime/jit/cache.py) to the engine and returns a symbol address.
+(never `llvm.initialize()`, which llvmlite deprecated and which raises) and builds a target machine for
+the host triple, CPU name and features (so the host's vector extensions are used) at opt level 3.
+`compile` turns LLVM IR text into object code: verify, the new pass manager's O3 pipeline with loop and
+SLP vectorization, verify again, emit. `engine` makes the MCJIT engine of one runtime/jit/library.py
+Library, into which object code (fresh or from runtime/jit/cache.py) is loaded.
 
 Bit-exactness: kernels carry no fast-math flags, so LLVM neither reassociates nor contracts a fmul and
 fadd into an FMA (the target machine's default FP fusion only fuses explicit fmuladd intrinsics, which
@@ -14,18 +14,16 @@ trnc never emits); tests/runtime/test_jit_program.py checks this on values where
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import llvmlite
 import llvmlite.binding as llvm
 
-from trnc.errors import TrncError
 
 OPT_LEVEL = 3
 
 
 class Codegen:
-    """Host target machine, O3 pass pipeline, and one MCJIT engine holding every loaded kernel object."""
+    """Host target machine and O3 pass pipeline; MCJIT engines for the Libraries that load the code."""
 
     def __init__(self):
         llvm.initialize_native_target()
@@ -33,16 +31,19 @@ class Codegen:
         self.triple = llvm.get_process_triple()
         self.cpu = llvm.get_host_cpu_name()
         self.features = llvm.get_host_cpu_features().flatten()
-        target = llvm.Target.from_triple(self.triple)
-        # jit=True: the JIT code model, so objects can be relocated anywhere by MCJIT's RuntimeDyld.
-        self.target_machine = target.create_target_machine(cpu=self.cpu, features=self.features, opt=OPT_LEVEL,
-                                                           jit=True)
+        self.target_machine = self._target_machine()
         self.data_layout = str(self.target_machine.target_data)
+
+    def _target_machine(self) -> llvm.TargetMachine:
+        # jit=True: the JIT code model, so objects can be relocated anywhere by MCJIT's RuntimeDyld.
+        target = llvm.Target.from_triple(self.triple)
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=OPT_LEVEL, jit=True)
+
+    def engine(self) -> llvm.ExecutionEngine:
+        """A new, empty MCJIT engine for the host, with a target machine of its own (the engine owns and frees it)."""
         owner = llvm.parse_assembly("")
         owner.triple = self.triple
-        self._engine = llvm.create_mcjit_compiler(owner, self.target_machine)
-        self._loaded: dict[str, int] = {}
-        self._lock = threading.Lock()
+        return llvm.create_mcjit_compiler(owner, self._target_machine())
 
     @property
     def identity(self) -> str:
@@ -72,24 +73,6 @@ class Codegen:
         builder.getModulePassManager().run(module, builder)
         module.verify()
         return module
-
-    def load(self, symbol: str, obj: bytes) -> int:
-        """Add object code defining `symbol` to the engine (once per symbol) and return its address."""
-        with self._lock:
-            address = self._loaded.get(symbol)
-            if address is not None:
-                return address
-            self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-            self._engine.finalize_object()
-            address = self._engine.get_function_address(symbol)
-            if not address:
-                raise TrncError(f"JIT: object code does not define '{symbol}'")
-            self._loaded[symbol] = address
-            return address
-
-    def loaded(self, symbol: str) -> int | None:
-        """The address of an already loaded symbol, else None."""
-        return self._loaded.get(symbol)
 
 
 _codegen: Codegen | None = None

@@ -39,6 +39,7 @@ from trnc.isa.verify import verify
 from trnc.runtime.jit import kernels_move, kernels_pe, kernels_reduce, kernels_vector  # noqa: F401  (lowerings)
 from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen, codegen
+from trnc.runtime.jit.library import Library
 from trnc.runtime.jit.kernels import (
     DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, KernelSig, Layout, build_kernel, driver_ir, layout_of, static_value,
 )
@@ -49,35 +50,35 @@ STAGE_ALIGN = 64
 
 
 class Kernels:
-    """Compiled kernels of a process: signature -> native address, through a KernelCache."""
+    """The kernels of a process: signature -> object code, through a KernelCache (each JitProgram loads the ones
+    it needs into its own runtime/jit/library.py Library)."""
 
     def __init__(self, cg: Codegen | None = None, cache: KernelCache | None = None):
         self.codegen = cg if cg is not None else codegen()
         self.cache = cache if cache is not None else KernelCache(self.codegen)
-        self._addresses: dict[KernelSig, int] = {}
-        self._driver = None
+        self._objects: dict[KernelSig, bytes] = {}
+        self._driver: bytes | None = None
 
-    def address(self, sig: KernelSig) -> int:
-        address = self._addresses.get(sig)
-        if address is None:
-            obj = self.cache.object_code(build_kernel(sig), what=f"kernel {sig.text}")
-            address = self._addresses[sig] = self.codegen.load(sig.symbol, obj)
-        return address
+    def object_code(self, sig: KernelSig) -> bytes:
+        obj = self._objects.get(sig)
+        if obj is None:
+            obj = self._objects[sig] = self.cache.object_code(build_kernel(sig), what=f"kernel {sig.text}")
+        return obj
 
-    def driver(self):
-        """The ctypes function of the driver loop (compiled or fetched once per process)."""
+    def driver(self) -> bytes:
+        """The object code of the driver loop (compiled or fetched once per process)."""
         if self._driver is None:
-            address = self.codegen.loaded(DRIVER_SYMBOL)
-            if address is None:
-                address = self.codegen.load(DRIVER_SYMBOL, self.cache.object_code(driver_ir(), what="the driver"))
-            self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                            ctypes.c_void_p)(address)
+            self._driver = self.cache.object_code(driver_ir(), what="the driver")
         return self._driver
 
     @property
+    def signatures(self) -> list[KernelSig]:
+        """The kernels resolved so far."""
+        return list(self._objects)
+
+    @property
     def count(self) -> int:
-        """Distinct kernels resolved so far."""
-        return len(self._addresses)
+        return len(self._objects)
 
 
 _kernels: Kernels | None = None
@@ -118,6 +119,7 @@ class JitProgram:
         if not verified:
             verify(program, self.hw)
         self.kernels = table if table is not None else kernels()
+        self.library = Library(self.kernels.codegen)   # the program's native code lives as long as it does
         self.order = execution_order(program)
         self.stage_bytes = 0
         self._written: set[int] = set()   # HBM tensors some instruction writes
@@ -135,6 +137,8 @@ class JitProgram:
             owners.extend([index] * len(found))
         self.distinct_kernels = len({s.address for s in steps})
         self._layout_table(steps, owners)
+        self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                        ctypes.c_void_p)(self.library.address(DRIVER_SYMBOL, self.kernels.driver()))
 
     # -- load time ----------------------------------------------------------------------------------
 
@@ -173,14 +177,17 @@ class JitProgram:
             contiguous = _contiguous(src.layout)
             copy = KernelSig("dma_copy", (("dst", contiguous), ("src", src.layout)), ())
             operands[name] = _Operand(name, contiguous, self.stage_mem, stage_at)
-            pre.append(_Step(copy, self.kernels.address(copy), _words([operands[name], src], ())))
+            pre.append(_Step(copy, self._address(copy), _words([operands[name], src], ())))
             stage_at += -(-contiguous.partitions * contiguous.pstride // STAGE_ALIGN) * STAGE_ALIGN
         self.stage_bytes = max(self.stage_bytes, stage_at)
         statics = tuple((f, static_value(ins[f])) for f in lowering.statics)
         sig = KernelSig(ins.opcode, tuple((o.name, o.layout) for o in operands.values()), statics,
                         _same_groups(ins, set(staged)))
         self._written.update(ap.tensor for _, ap, w in ins.operands() if w and ap.mem is Mem.HBM)
-        return tuple(pre), sig, self.kernels.address(sig), _words(list(operands.values()), ())
+        return tuple(pre), sig, self._address(sig), _words(list(operands.values()), ())
+
+    def _address(self, sig: KernelSig) -> int:
+        return self.library.address(sig.symbol, self.kernels.object_code(sig))
 
     @property
     def stage_mem(self) -> int:
@@ -255,8 +262,7 @@ class JitProgram:
         stage = np.zeros(max(self.stage_bytes, 1), dtype=np.uint8)
         bases = np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64)
         status = np.zeros(4, dtype=np.int64)
-        code = self.kernels.driver()(self._table.ctypes.data, len(self._table), bases.ctypes.data,
-                                     status.ctypes.data)
+        code = self._driver(self._table.ctypes.data, len(self._table), bases.ctypes.data, status.ctypes.data)
         if code:
             raise self._fault(code, status)
 
