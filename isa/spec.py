@@ -13,7 +13,7 @@ from trnc.isa import config, encoding, asm
 from trnc.isa.config import TARGETS
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp, Rounding, ScaleMode
-from trnc.isa.opcodes import TABLE, Kind
+from trnc.isa.opcodes import ENGINE_MEMS, TABLE, E8m0, Kind, Role
 
 HERE = Path(__file__).parent
 SPEC_PATH = HERE / "SPEC.md"
@@ -71,6 +71,12 @@ def _enums() -> list[str]:
     return out
 
 
+def _engines() -> list[str]:
+    rows = [[e.text, ", ".join(sorted(m.text for m in mems))] for e, mems in ENGINE_MEMS.items()]
+    return ["## Engines", "", "The memories each engine reaches; an opcode's operand may narrow them.", ""] + \
+        _table(["engine", "memories"], rows)
+
+
 def _field_kind(f) -> str:
     if f.kind is Kind.AP:
         return ("out " if f.out else "in ") + ("AP, optional" if f.optional else "AP")
@@ -79,20 +85,33 @@ def _field_kind(f) -> str:
     return f"{f.kind.value} (default `{f.default}`)"
 
 
+def _field_rules(op, f) -> str:
+    """An operand's memories and the table's other rules on it, as a cell of its opcode's field table."""
+    if f.kind is not Kind.AP:
+        return "; ".join(f"on {e.text}: {', '.join(sorted(v.text for v in values))}" for e, values in f.limits)
+    mems = sorted({m.text for e in op.engines for m in op.memories(f, e)})
+    rules = [" or ".join(mems)] + ([f.role.value] if f.role is not Role.DATA else [])
+    rules += ["one PSUM bank"] * f.one_bank + ([f"e8m0: {f.e8m0.value}"] if f.e8m0 in (E8m0.COPY, E8m0.DECODE) else [])
+    return "; ".join(rules)
+
+
 def _opcodes() -> list[str]:
     out = ["## Opcodes", ""]
     out += _table(["opcode", "code", "engines", "summary"],
                   [[f"`{op.name}`", op.code, ", ".join(e.text for e in op.engines), op.summary] for op in TABLE])
     for op in TABLE:
         out += [f"### `{op.name}` (code {op.code}; {', '.join(e.text for e in op.engines)})", "", op.summary + ".", ""]
-        out += _table(["field", "kind", "notes"], [[f"`{f.name}`", _field_kind(f), f.doc] for f in op.fields])
+        if op.elementwise:
+            out += ["Elementwise: the data operands correspond element by element.", ""]
+        out += _table(["field", "kind", "rules", "notes"],
+                      [[f"`{f.name}`", _field_kind(f), _field_rules(op, f), f.doc] for f in op.fields])
         out += [f"Semantics: {op.semantics}.", "", f"Cost (`{op.cost.__name__}`): {_doc(op.cost)}", ""]
     return out
 
 
 def render() -> str:
     parts = [(HERE / "spec_intro.md").read_text().rstrip(), ""]
-    parts += _presets() + _dtypes() + _enums() + _opcodes()
+    parts += _presets() + _engines() + _dtypes() + _enums() + _opcodes()
     parts += ["## Binary encoding", "", inspect.getdoc(encoding).strip(), ""]
     parts += ["## Assembly text", "", inspect.getdoc(asm).strip(), ""]
     return "\n".join(parts).rstrip() + "\n"

@@ -8,8 +8,10 @@ isa/spec_intro.md, the opcode table and ../shared/reference/neuroncore.md.
 The rules are tables, in the manner of tinygrad's `spec_*` pattern tables: `spec_operand` runs on
 every operand of every instruction (AP form, memory, partition alignment, bounds, e8m0 placement),
 `spec_instruction` on every instruction (engine and queue), and `spec_shape` / `spec_dtype` are keyed
-by opcode. Each rule yields (rule id, message) pairs; the rule ids are short kebab-case names that
-tests and users can match on.
+by opcode. The facts these generic rules apply (memories, roles, one-bank operands, e8m0 placement,
+engine limits on enum fields) are read from the opcode rows, so this file states none of them again.
+Each rule yields (rule id, message) pairs; the rule ids are short kebab-case names that tests and
+users can match on.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from trnc.isa.config import DMA_QUEUES, MOVING_FMAX, PE_COLUMNS, TARGETS, HwConf
 from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import MATMUL_DTYPES, MX_BLOCK, MX_FORMATS, DType
 from trnc.isa.enums import COMPARISONS, AluOp, Rounding
-from trnc.isa.opcodes import BY_NAME, Kind
+from trnc.isa.opcodes import BY_NAME, TABLE, E8m0, Kind, Role
 from trnc.isa.program import Instruction, Program
 
 ERROR_LIMIT = 20         # violations spelled out in one VerifyError message
@@ -180,23 +182,8 @@ def _hbm_form(ctx: _Ctx, name: str, ap: AP, write: bool) -> Iterator[Problem]:
                           "HBM is read and written in its declared dtype")
 
 
-# Memories each engine can reach (neuroncore.md 2.1-2.5, 3): TensorE reads SBUF and writes PSUM, GpSimd
-# cannot access PSUM, DMA moves between HBM and SBUF.
-_S, _P, _H = frozenset({Mem.SBUF}), frozenset({Mem.PSUM}), frozenset({Mem.HBM})
-ENGINE_MEMS = {Engine.PE: _S | _P, Engine.ACT: _S | _P, Engine.DVE: _S | _P, Engine.POOL: _S, Engine.DMA: _S | _H}
-
-# Per-field memories that narrow ENGINE_MEMS (the opcode table's operand docs).
-spec_memory: dict[str, dict[str, frozenset]] = {
-    "dma_gather": {"dst": _S, "table": _H, "index": _S},
-    "matmul": {"dst": _P, "stationary": _S, "moving": _S},
-    "matmul_mx": {"dst": _P, "stationary": _S, "stationary_scale": _S, "moving": _S, "moving_scale": _S},
-    "transpose": {"dst": _P, "src": _S},
-    "quantize_mx": {"dst": _S, "scale": _S},
-}
-
-
 def _memory(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iterator[Problem]:
-    allowed = ENGINE_MEMS[ins.engine] & spec_memory.get(ins.opcode, {}).get(name, ENGINE_MEMS[ins.engine])
+    allowed = ins.spec.memories(ins.spec.field(name), ins.engine)
     if ap.mem not in allowed:
         yield "memory", (f"{name} is in {ap.mem.text}; {ins.opcode} on {ins.engine.text} takes it from "
                          f"{_names(allowed)}")
@@ -234,17 +221,16 @@ def _bounds(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iter
         yield "ap-bounds", f"{name} reaches bytes [{lo}, {hi}), outside the {size} bytes of {where}"
 
 
-# Where e8m0 (a block scale, not a value: spec_intro.md "Writing") may appear, keyed by opcode.
-spec_e8m0: dict[str, Callable[[Instruction, str], bool]] = {
-    "quantize_mx": lambda ins, name: name == "scale",
-    "matmul_mx": lambda ins, name: name in ("stationary_scale", "moving_scale"),
-    "dma_copy": lambda ins, name: ins["dst"].dtype is DType.E8M0 and ins["src"].dtype is DType.E8M0,
-    "tensor_copy": lambda ins, name: name == "src" or ins["src"].dtype is DType.E8M0,
-}
+def _e8m0_allowed(ins: Instruction, name: str) -> bool:
+    """Whether operand `name` may be e8m0, by its row's E8m0 placement."""
+    place = ins.spec.field(name).e8m0
+    if place is E8m0.COPY:
+        return all(ins[f.name].dtype is DType.E8M0 for f in ins.spec.aps if f.e8m0 is not E8m0.NEVER)
+    return place is not E8m0.NEVER
 
 
 def _e8m0(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iterator[Problem]:
-    if ap.dtype is DType.E8M0 and not spec_e8m0.get(ins.opcode, lambda i, n: False)(ins, name):
+    if ap.dtype is DType.E8M0 and not _e8m0_allowed(ins, name):
         yield "dtype", (f"{name} is e8m0; e8m0 is only an MX scale (quantize_mx scale, matmul_mx scales), "
                         "copied bit for bit (dma_copy, tensor_copy with both sides e8m0) or decoded by tensor_copy")
 
@@ -254,22 +240,10 @@ spec_operand = (_ap_form, _memory, _partition_align, _bounds, _e8m0)
 
 # -- shapes, keyed by opcode -------------------------------------------------------------------------
 
-# Elementwise opcodes: (data operands, per-partition [P, 1] operands) (spec_intro.md "Access patterns").
-spec_elementwise: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "dma_copy": (("dst", "src"), ()),
-    "activation": (("dst", "src"), ("scale_ap", "bias_ap", "accum")),
-    "tensor_tensor": (("dst", "in0", "in1"), ()),
-    "tensor_scalar": (("dst", "src"), ("scalar0_ap", "scalar1_ap")),
-    "tensor_copy": (("dst", "src"), ()),
-    "memset": (("dst",), ()),
-    "iota": (("dst",), ()),
-    "select": (("dst", "pred", "on_true", "on_false"), ()),
-    "affine_select": (("dst", "src"), ()),
-}
-
-
 def _elementwise(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    data, per_partition = spec_elementwise[ins.opcode]
+    """The data operands of an elementwise row correspond element by element, its per-partition ones are [P, 1]."""
+    data = [f.name for f in ins.spec.aps if f.role is Role.DATA]
+    per_partition = [f.name for f in ins.spec.aps if f.role is Role.PER_PARTITION]
     first = ins[data[0]]
     for name in data[1:]:
         ap = ins[name]
@@ -402,7 +376,7 @@ def _quantize_mx(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
 
 
 spec_shape: dict[str, Callable[[_Ctx, Instruction], Iterator[Problem]]] = {
-    **{op: _elementwise for op in spec_elementwise},
+    **{op.name: _elementwise for op in TABLE if op.elementwise},
     "iota": _steps, "affine_select": _steps,
     "matmul": _matmul, "matmul_mx": _matmul_mx, "transpose": _transpose, "tensor_reduce": _tensor_reduce,
     "partition_reduce": _partition_reduce, "partition_broadcast": _partition_broadcast,
@@ -481,38 +455,33 @@ def _affine_select_ops(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
         yield "op", f"cmp is {AluOp(ins['cmp']).text}; affine_select compares with one of {_names(COMPARISONS)}"
 
 
-# ScalarE's tensor_scalar does only multiply and add (neuroncore.md 2.3: trn2 supports (mult, add),
-# (mult, None), (add, None)); trnc applies the trn2 limit to every target.
-ACT_SCALAR_OPS = frozenset({AluOp.BYPASS, AluOp.ADD, AluOp.MUL})
-
-
-def _tensor_scalar_ops(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    if ins.engine is not Engine.ACT:
-        return
-    for name in ("op0", "op1"):
-        if ins[name] not in ACT_SCALAR_OPS:
-            yield "op", f"{name} is {AluOp(ins[name]).text}; tensor_scalar on act supports {_names(ACT_SCALAR_OPS)}"
-
-
 spec_dtype: dict[str, Callable[[_Ctx, Instruction], Iterator[Problem]]] = {
     "matmul": _matmul_dtypes, "matmul_mx": _matmul_mx_dtypes, "quantize_mx": _quantize_mx_dtypes,
     "transpose": _transpose_dtypes, "dma_gather": _gather_dtypes, "activation": _activation_dtypes,
-    "tensor_copy": _tensor_copy_dtypes, "affine_select": _affine_select_ops, "tensor_scalar": _tensor_scalar_ops,
+    "tensor_copy": _tensor_copy_dtypes, "affine_select": _affine_select_ops,
 }
 
-# Opcodes whose dst must stay within one PSUM bank (spec_intro.md "Memories").
-spec_one_bank = frozenset({"matmul", "matmul_mx", "transpose"})
+
+def _engine_limits(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
+    """Enum fields whose row limits the values on this engine (ScalarE's tensor_scalar: only mult and add)."""
+    for f in ins.spec.fields:
+        allowed = f.allowed_on(ins.engine)
+        if allowed is not None and ins[f.name] not in allowed:
+            yield "op", (f"{f.name} is {f.enum(ins[f.name]).text}; {ins.opcode} on {ins.engine.text} supports "
+                         f"{_names(allowed)}")
 
 
 def _psum_bank(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    dst = ins["dst"]
-    if dst.mem is not Mem.PSUM:
-        return
-    lo, hi = dst.byte_range()
+    """Operands the row keeps within one PSUM bank (matmul and transpose results) do not cross one."""
     bank = ctx.hw.psum_bank_bytes
-    if lo // bank != (hi - 1) // bank:
-        yield "psum-bank", (f"dst reaches bytes [{lo}, {hi}) of each partition, crossing PSUM banks "
-                            f"{lo // bank} to {(hi - 1) // bank}; {ins.opcode} writes within one {bank}-byte bank")
+    for f in ins.spec.aps:
+        ap = ins[f.name]
+        if not f.one_bank or ap is None or ap.mem is not Mem.PSUM:
+            continue
+        lo, hi = ap.byte_range()
+        if lo // bank != (hi - 1) // bank:
+            yield "psum-bank", (f"{f.name} reaches bytes [{lo}, {hi}) of each partition, crossing PSUM banks "
+                                f"{lo // bank} to {(hi - 1) // bank}; {ins.opcode} writes within one {bank}-byte bank")
 
 
 # -- the driver ---------------------------------------------------------------------------------------
@@ -543,8 +512,8 @@ def _instruction(ctx: _Ctx, ins: Instruction) -> tuple[list[Problem], bool]:
     if formed and legal_engine:
         problems.extend(spec_shape[ins.opcode](ctx, ins))
         problems.extend(spec_dtype.get(ins.opcode, lambda c, i: ())(ctx, ins))
-        if ins.opcode in spec_one_bank:
-            problems.extend(_psum_bank(ctx, ins))
+        problems.extend(_engine_limits(ctx, ins))
+        problems.extend(_psum_bank(ctx, ins))
         problems.extend(races.operand_overlap(ins))
     return problems, formed
 
