@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trnc.isa.config import DMA_QUEUES
 from trnc.isa.dtypes import DType
 
 MAX_FREE_DIMS = 4
@@ -43,6 +44,20 @@ class Engine(enum.IntEnum):
     @property
     def text(self) -> str:
         return self.name.lower()
+
+
+def queue_name(engine: Engine, queue: int = 0) -> str:
+    """An instruction queue's name in assembly, traces and messages: the engine's, or dma0..dma15."""
+    return f"{engine.text}{queue}" if engine is Engine.DMA else engine.text
+
+
+def queue_index(engine: Engine, queue: int = 0) -> int:
+    """The queue's position in QUEUES: the compute engines in Engine order, then the DMA queues."""
+    return int(Engine.DMA) + queue if engine is Engine.DMA else int(engine)
+
+
+QUEUES = (*(queue_name(e) for e in Engine if e is not Engine.DMA),
+          *(queue_name(Engine.DMA, q) for q in range(DMA_QUEUES)))
 
 
 @dataclass(frozen=True)

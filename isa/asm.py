@@ -56,7 +56,7 @@ import re
 import numpy as np
 
 from trnc.errors import EncodingError
-from trnc.isa.ap import AP, Engine, Mem
+from trnc.isa.ap import AP, QUEUES, Engine, Mem
 from trnc.isa.config import DEFAULT_TARGET
 from trnc.isa.dtypes import DType
 from trnc.isa.decoding import no_gc
@@ -77,7 +77,7 @@ _F32_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _NAN_RE = re.compile(r"nan:0x([0-9a-fA-F]{8})")
 _WAIT_RE = re.compile(r"s([0-9]+)>=([0-9]+)")
 _SEM_RE = re.compile(r"s([0-9]+)")
-_DMA_QUEUE_RE = re.compile(r"dma([0-9]+)")
+_DMA_QUEUE_RE = re.compile(rf"{Engine.DMA.text}([0-9]+)")   # any number: the verifier checks it
 _TENSOR_RE = re.compile(r"(?P<name>\S+)\s+(?P<kind>\S+)\s+(?P<dtype>\S+)\s*\[(?P<shape>[^\]]*)\]")
 
 _QUEUES = {e.text: e for e in Engine if e is not Engine.DMA}
@@ -85,7 +85,7 @@ _TENSOR_KINDS = {k.text: k for k in TensorKind}
 _BOOLS = {"0": False, "1": True, "false": False, "true": True}
 _BOOL_TEXT = {False: "0", True: "1"}
 _ON_CHIP = {Mem.SBUF.text: Mem.SBUF, Mem.PSUM.text: Mem.PSUM}
-_QUEUE_WIDTH = 5  # "dma15"
+_QUEUE_WIDTH = max(map(len, QUEUES))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from trnc.isa.ap import AP, Engine
+from trnc.isa.ap import AP, Engine, queue_name
 from trnc.isa.config import DEFAULT_TARGET
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import Kind, OpSpec, opspec
@@ -95,7 +95,7 @@ class Instruction:
 
     @property
     def queue_name(self) -> str:
-        return f"dma{self.queue}" if self.engine is Engine.DMA else self.engine.text
+        return queue_name(self.engine, self.queue)
 
     def operands(self) -> Iterator[tuple[str, AP, bool]]:
         """(field name, AP, is_write) of every present AP operand."""

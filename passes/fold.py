@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from trnc import ir
-from trnc.interpret import array_of, evaluate, tensor_of
+from trnc.dtypes import array_of, tensor_of
+from trnc.interpret import evaluate
 
 FOLD_MAX_ELEMENTS = 4 * 1024 * 1024   # results above this many elements ...
 FOLD_MAX_GROWTH = 4                   # ... and this many times the largest input stay nodes

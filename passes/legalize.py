@@ -23,9 +23,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from trnc import ir
-from trnc.capture import TensorArg
+from trnc.dtypes import array_of, tensor_of
 from trnc.errors import UnsupportedOpError
-from trnc.interpret import array_of, tensor_of
+from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.passes.fold import too_big_to_fold
 from trnc.passes.legalize_rules import COMPARE_OPS, Unusable, pm_legalize

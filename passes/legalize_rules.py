@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from trnc import ir
-from trnc.capture import DTYPES
+from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
 from trnc.passes.kernels import attention as attention_kernel
 from trnc.passes.kernels.matmul_plan import on_vector_engines

@@ -16,8 +16,8 @@ from trnc import flags, ir
 from trnc.errors import TrncError
 from trnc.isa.asm import format_program
 from trnc.isa.config import HwConfig
-from trnc.isa.dtypes import DType
 from trnc.isa.program import Instruction, Program
+from trnc.options import Options
 from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
 from trnc.passes.fold import FoldConstants
@@ -30,19 +30,6 @@ from trnc.passes.schedule import Schedule
 from trnc.passes.simplify import Simplify
 from trnc.passes.tile import Tile
 from trnc.passes.tiles import TileProgram
-
-
-@dataclass
-class Options:
-    """What the user chose: `precision` is the low-precision type auto_cast casts to (fp32 casts nothing)."""
-
-    precision: str = "fp32"
-    auto_cast: str = "none"     # none | matmult | all (neuronx-cc's --auto-cast)
-    target: str = "trn2"
-
-    @property
-    def low_dtype(self) -> DType:
-        return {"fp32": DType.FP32, "bf16": DType.BF16}[self.precision]
 
 
 @dataclass

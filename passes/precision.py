@@ -4,24 +4,20 @@
 low-precision type (`precision`, e.g. bf16) and stores the constant weights that only feed them
 in it (half the HBM bytes); "all" also stores every floating intermediate value in it. Softmax,
 norms and reductions always accumulate in fp32 (the engines compute in fp32; only storage
-narrows), and the model's inputs and outputs keep their dtypes.
+narrows), and the model's inputs and outputs keep their dtypes. trnc/options.py checks the values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from trnc import ir
-from trnc.errors import TrncError
 from trnc.isa.dtypes import DType
 from trnc.runtime.convert import from_fp32, to_fp32
 
-AUTO_CAST = ("none", "matmult", "all")
 CONTRACT_KINDS = ("matmul", "attention")
 
 
 def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
-    if auto_cast not in AUTO_CAST:
-        raise TrncError(f"auto_cast={auto_cast!r}; choose one of {', '.join(AUTO_CAST)}")
     narrow = auto_cast != "none" and low is not DType.FP32
     contract_operands: set[ir.Node] = set()
     for k in graph.kernels:

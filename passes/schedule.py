@@ -22,22 +22,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from trnc.isa import cost
-from trnc.isa.ap import Engine, Mem
+from trnc.isa.ap import QUEUES, Engine, Mem, queue_index
 from trnc.isa.config import DMA_QUEUES
 from trnc.isa.decoding import no_gc
 from trnc.isa.races import footprint, footprints_overlap
 from trnc.isa.program import Instruction
 from trnc.passes.tiles import TileProgram
 
-COMPUTE = (Engine.PE, Engine.ACT, Engine.DVE, Engine.POOL)
-FIRST_DMA = len(COMPUTE)
-NQ = FIRST_DMA + DMA_QUEUES
+FIRST_DMA = queue_index(Engine.DMA)
+NQ = len(QUEUES)
 BUCKET = {Mem.SBUF: 512, Mem.PSUM: 2048, Mem.HBM: 1 << 16}
 MAX_GAPS = 64   # gaps remembered per queue (the latest): bounds the search, and old gaps are rarely usable
-
-
-def queue_index(engine: Engine, dma_queue: int = 0) -> int:
-    return FIRST_DMA + dma_queue if engine is Engine.DMA else COMPUTE.index(engine)
 
 
 class _Memory:

@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trnc.isa import cost
-from trnc.isa.ap import AP, Engine, Mem
+from trnc.isa.ap import AP, QUEUES, Engine, Mem
 from trnc.isa.decoding import no_gc
-from trnc.isa.config import DMA_QUEUES, SEMAPHORES, HwConfig, get_target
+from trnc.isa.config import SEMAPHORES, HwConfig, get_target
 from trnc.isa.program import Instruction, Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.runtime.reference import execution_order
 
 FIRST_DMA_QUEUE = int(Engine.DMA)   # queue index = engine + DMA queue: pe, act, dve, pool, dma0..dma15
-QUEUE_NAMES = (*(e.text for e in Engine if e < FIRST_DMA_QUEUE), *(f"dma{q}" for q in range(DMA_QUEUES)))
+QUEUE_NAMES = QUEUES
 CLOCKS = ("pe", "act", "dve", "pool", "dma")
 DIRECTIONS = ("hbm->sbuf", "sbuf->hbm", "sbuf->sbuf", "hbm->hbm")
 MAX_TICKS_PER_SECOND = 10**15     # past this the clocks have no useful common multiple: ticks are femtoseconds

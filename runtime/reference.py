@@ -18,15 +18,15 @@ import ml_dtypes
 import numpy as np
 
 from trnc.errors import ExecutionError, TrncError
-from trnc.isa.ap import AP, Mem
-from trnc.isa.config import DMA_QUEUES, HwConfig, get_target
+from trnc.isa.ap import AP, QUEUES, Mem
+from trnc.isa.config import HwConfig, get_target
 from trnc.isa.program import Instruction, Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.runtime.reference_ops import SEMANTICS
 
 # The fixed order in which `run` looks for a queue whose head may start: any order is legal for a
 # verified program (all legal interleavings compute the same result); this one makes runs repeatable.
-QUEUE_ORDER = ("pe", "act", "dve", "pool", *(f"dma{q}" for q in range(DMA_QUEUES)))
+QUEUE_ORDER = QUEUES
 
 
 class Machine:

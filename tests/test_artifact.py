@@ -403,7 +403,7 @@ def test_constant_size_and_dtype_must_match_the_program(models, tmp_path):
     (lambda h: h["inputs"].append(dict(h["inputs"][0])), ("lists 2 inputs; the program has 1",)),
     (lambda h: h["inputs"][0].update(torch_dtype="complex64"), ("torch_dtype 'complex64' is not one of",)),
     (lambda h: h["inputs"][0].update(torch_dtype="int64"), ("cannot be exchanged",)),
-    (lambda h: h["options"].update(precision="fp64"), ("options.precision is 'fp64'",)),
+    (lambda h: h["options"].update(precision="fp64"), ("header options: precision='fp64' is not allowed",)),
     (lambda h: h["options"].update(target="trn3"), ("differs from options.target",)),
     (lambda h: h.update(target="trn1") or h["options"].update(target="trn1"), ("the program is for target 'trn2'",)),
     (lambda h: h.update(out_spec=[1, {"type": "builtins.tuple", "context": "null", "children_spec": []}]),

@@ -12,9 +12,10 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from trnc import ir
-from trnc.capture import TensorArg, capture, decomposition_table, source_of
+from trnc.capture import capture, decomposition_table, source_of
 from trnc.errors import TrncError
 from trnc.interpret import run_graph
+from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.passes.fold import FoldConstants
 from trnc.passes.legalize import Legalize

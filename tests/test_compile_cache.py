@@ -17,7 +17,7 @@ import trnc
 from trnc import compile_cache, flags, ir
 from trnc.capture import capture
 from trnc.isa.dtypes import DType
-from trnc.passes.pipeline import Options
+from trnc.options import Options
 
 
 def mlp(seed: int = 0) -> nn.Module:

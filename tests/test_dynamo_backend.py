@@ -20,6 +20,7 @@ import trnc.api
 import trnc.backend as backend
 from trnc import flags
 from trnc.errors import TrncError, UnsupportedOpError
+from trnc.options import Options
 
 
 @pytest.fixture(autouse=True)
@@ -150,7 +151,7 @@ def test_fallback_false_raises_naming_the_op_and_line():
 
 def test_options_are_validated():
     assert backend.parse_options({"precision": "bf16", "auto_cast": "all", "target": "trn2", "fallback": False}) \
-        == backend.BackendOptions("bf16", "all", "trn2", False)
+        == backend.BackendOptions(Options("bf16", "all", "trn2"), False)
     with pytest.raises(TrncError, match="unknown trnc backend option 'precison'; the options are precision"):
         backend.parse_options({"precison": "bf16"})
     with pytest.raises(TrncError, match=r"auto_cast='most' is not allowed; choose one of None, 'none', 'matmult'"):

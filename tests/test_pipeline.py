@@ -10,7 +10,8 @@ from trnc.capture import capture
 from trnc.errors import TrncError
 from trnc.isa.config import get_target
 from trnc.passes import pipeline
-from trnc.passes.pipeline import CompileState, Options, run_pipeline
+from trnc.options import Options
+from trnc.passes.pipeline import CompileState, run_pipeline
 
 
 def _state():

@@ -5,8 +5,8 @@ Pipeline order: trnc.capture -> trnc.ir -> trnc.passes -> trnc.isa -> trnc.runti
 `import trnc` (and the CLI) does not pay for importing torch.
 """
 from trnc.errors import TrncError
+from trnc.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["TrncError", "__version__", "compile", "load", "CompiledModel"]
 
 

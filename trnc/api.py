@@ -19,35 +19,19 @@ import torch.utils._pytree as pytree
 
 from trnc import compile_cache, flags
 from trnc.capture import capture
+from trnc.dtypes import numpy_of, tensor_of
 from trnc.errors import TrncError
-from trnc.isa.config import TARGETS, get_target
+from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.program import Program, TensorKind
 from trnc.log import get_logger
-from trnc.passes.pipeline import PASS_NAMES, CompileState, Options, run_pipeline
-from trnc.passes.precision import AUTO_CAST
+from trnc.options import Options
+from trnc.passes.pipeline import PASS_NAMES, CompileState, run_pipeline
 from trnc.progress import Progress
 from trnc.runtime import perf, reference
 
-PRECISIONS = ("fp32", "bf16")
-TORCH_OF = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16,
-            DType.INT32: torch.int32, DType.UINT8: torch.uint8, DType.INT8: torch.int8}
-
-
-def _options(precision: str, target: str, auto_cast: str | None) -> Options:
-    if precision not in PRECISIONS:
-        raise TrncError(f"precision={precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if target not in TARGETS:
-        raise TrncError(f"target={target!r}; choose one of {', '.join(TARGETS)}")
-    if auto_cast is None:
-        auto_cast = "none" if precision == "fp32" else "matmult"
-    if auto_cast not in AUTO_CAST:
-        raise TrncError(f"auto_cast={auto_cast!r}; choose one of {', '.join(AUTO_CAST)}")
-    return Options(precision, auto_cast, target)
-
-
-def compile(model, example_inputs, *, precision: str = "fp32", target: str = "trn2", auto_cast: str | None = None,
-            example_kwargs: dict | None = None, print_after=(), verify: bool = True,
+def compile(model, example_inputs, *, precision: str = Options.precision, target: str = Options.target,
+            auto_cast: str | None = None, example_kwargs: dict | None = None, print_after=(), verify: bool = True,
             cache: bool = True) -> "CompiledModel":
     """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
 
@@ -55,9 +39,9 @@ def compile(model, example_inputs, *, precision: str = "fp32", target: str = "tr
     for bf16: matmul operands) or "all" (every intermediate value). target: "trn1", "trn2", "trn3".
     cache: reuse and fill the compile cache on disk (trnc/compile_cache.py); False, TRNC_CACHE=0 or a
     print_after request (the passes must run to print) compile without it. stats["cache"] says "hit",
-    "miss" or "off"; stats["compile_seconds"] is the time of this call.
+    "miss" or "off"; stats["compile_seconds"] is the time of this call. trnc/options.py checks the values.
     """
-    options = _options(precision, target, auto_cast)
+    options = Options(precision, auto_cast, target)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     start = time.perf_counter()
@@ -175,20 +159,6 @@ def compiled_stats(state: CompileState, report) -> dict:
             "efficiency": roofline / report.total_seconds if report.total_ticks else 0.0}
 
 
-def _to_numpy(t: torch.Tensor, dtype: DType) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    if dtype is DType.BF16:
-        return t.view(torch.int16).numpy().view(dtype.storage)
-    return t.numpy().astype(dtype.storage, copy=False)
-
-
-def _to_torch(a: np.ndarray, dtype: DType, torch_dtype: torch.dtype) -> torch.Tensor:
-    """The torch tensor of an output array, of its shape (np.ascontiguousarray makes a 0-d array 1-d)."""
-    a = np.ascontiguousarray(a).reshape(a.shape)
-    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if dtype is DType.BF16 else torch.from_numpy(a)
-    return t.to(torch_dtype)
-
-
 class CompiledModel:
     """A compiled model: call it like the model. `.program` is the isa.Program, `.stats` its counters,
     `.perf` the performance model's report (computed on first use when the stats came with the program)."""
@@ -238,13 +208,14 @@ class CompiledModel:
             if decl.dtype is DType.INT32 and t.dtype == torch.int64:
                 if t.numel() and (int(t.max()) >= 2**31 or int(t.min()) < -2**31):
                     raise TrncError(f"input {i} holds int64 values outside int32, the machine's index type")
-            feed[decl.name] = _to_numpy(t.to(TORCH_OF[decl.dtype]), decl.dtype)
+            feed[decl.name] = numpy_of(t, decl.dtype)
         return feed
 
     def _result(self, out: dict[str, np.ndarray]):
         flat = []
         for decl, torch_dtype in zip(self.outputs, self.info.output_dtypes):
-            flat.append(_to_torch(out[decl.name], decl.dtype, torch_dtype))
+            value = out[decl.name]
+            flat.append(tensor_of(value, decl.dtype).reshape(value.shape).to(torch_dtype))
         return pytree.tree_unflatten(flat, self.info.out_spec) if self.info.out_spec is not None else tuple(flat)
 
     def __call__(self, *args, **kwargs):

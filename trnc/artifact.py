@@ -29,13 +29,14 @@ import numpy as np
 
 import trnc
 from trnc.errors import ArtifactError, TrncError
-from trnc.isa.config import TARGETS, get_target
+from trnc.isa.config import get_target
 from trnc.isa.decoding import decode
 from trnc.isa.encoding import FORMAT_VERSION as ISA_VERSION
 from trnc.isa.encoding import encode
 from trnc.isa.program import Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.log import get_logger
+from trnc.options import OPTION_NAMES, Options
 from trnc.pytree_spec import SpecError, Unregistered, check_spec_nodes
 
 MAGIC = b"TRNCART\0"
@@ -266,8 +267,8 @@ def _check_header(header: dict, data_start: int, size: int) -> None:
     _str(header, "trnc_version", top)
     _str(header, "target", top)
     options = _get(header, "options", top, (dict,), "an object")
-    if set(options) != {"precision", "auto_cast", "target"}:
-        raise _Bad(f"header options has keys {sorted(options)}; expected auto_cast, precision, target")
+    if set(options) != set(OPTION_NAMES):
+        raise _Bad(f"header options has keys {sorted(options)}; expected {', '.join(sorted(OPTION_NAMES))}")
     for key in options:
         _str(options, key, "options")
     for part in ("inputs", "outputs"):
@@ -350,18 +351,16 @@ def load(path: Path, *, trusted: bool = False):
 
 
 def _load(data: bytes, trusted: bool):
-    from trnc.api import PRECISIONS, CompiledModel
-    from trnc.passes.pipeline import Options
-    from trnc.passes.precision import AUTO_CAST
+    from trnc.api import CompiledModel
     prefix = data[:PREFIX.size]
     head_len = _check_prefix(prefix, len(data))
     header = _parse_header(prefix, data[PREFIX.size:PREFIX.size + head_len], len(data))
-    options = header["options"]
-    for key, allowed in (("precision", PRECISIONS), ("auto_cast", AUTO_CAST), ("target", tuple(TARGETS))):
-        if options[key] not in allowed:
-            raise _Bad(f"header options.{key} is {options[key]!r}; expected one of {', '.join(allowed)}")
-    if header["target"] != options["target"]:
-        raise _Bad(f"header target {header['target']!r} differs from options.target {options['target']!r}")
+    try:
+        options = Options(**header["options"])
+    except TrncError as e:
+        raise _Bad(f"header options: {e}") from None
+    if header["target"] != options.target:
+        raise _Bad(f"header target {header['target']!r} differs from options.target {options.target!r}")
     blobs = _sections(data, header, _align(PREFIX.size + head_len))
     program = _program(blobs.pop("program"), header["target"], trusted)
     inputs, outputs = _signature(program, header, TensorKind.INPUT), _signature(program, header, TensorKind.OUTPUT)
@@ -376,9 +375,9 @@ def _load(data: bytes, trusted: bool):
                         tuple(tuple(d.shape) for d, _ in inputs), tuple(t for _, t in outputs),
                         header["trnc_version"])
     if trusted:
-        return CompiledModel(program, constants, info, Options(**options), stats=header["stats"])
+        return CompiledModel(program, constants, info, options, stats=header["stats"])
     try:
-        model = CompiledModel(program, constants, info, Options(**options))
+        model = CompiledModel(program, constants, info, options)
     except TrncError as e:
         raise _Bad(f"the program cannot be modeled: {e}") from None
     for key, value in header["stats"].items():   # the saved stats: compile-side values (they win, as in compile)
@@ -461,13 +460,13 @@ def _work(program: Program) -> int:
 
 def _torch_dtypes() -> dict:
     """torch dtypes a caller may pass or get, by name: those capture maps to a machine dtype."""
-    from trnc.capture import DTYPES
+    from trnc.dtypes import DTYPES
     return {_dtype_name(t): t for t in DTYPES}
 
 
 def _signature(program: Program, header: dict, kind: TensorKind) -> list[tuple]:
     """(declaration, torch dtype) per program input or output, after the header's entry matched it."""
-    from trnc.api import TORCH_OF
+    from trnc.dtypes import EXCHANGED_DTYPES
     part = "inputs" if kind is TensorKind.INPUT else "outputs"
     decls, entries = program.tensors_of(kind), header[part]
     if len(entries) != len(decls):
@@ -482,7 +481,7 @@ def _signature(program: Program, header: dict, kind: TensorKind) -> list[tuple]:
         torch_dtype = names.get(entry["torch_dtype"])
         if torch_dtype is None:
             raise _Bad(f"header {part}[{i}] torch_dtype {entry['torch_dtype']!r} is not one of {', '.join(names)}")
-        if decl.dtype not in TORCH_OF or torch_dtype.is_floating_point != decl.dtype.is_float:
+        if decl.dtype not in EXCHANGED_DTYPES or torch_dtype.is_floating_point != decl.dtype.is_float:
             raise _Bad(f"header {part}[{i}]: a torch {entry['torch_dtype']} tensor cannot be exchanged with "
                        f"program tensor {decl.name} ({decl.dtype.text})")
         out.append((decl, torch_dtype))

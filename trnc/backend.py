@@ -27,19 +27,18 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from trnc.api import PRECISIONS
+from trnc import api
 from trnc.capture import WRONG_DECOMPOSITIONS, decomposition_table, source_of
 from trnc.errors import TrncError, UnsupportedOpError
-from trnc.isa.config import TARGETS
 from trnc.log import get_logger
+from trnc.options import OPTION_NAMES, Options
 from trnc.partition import FallbackOp, freeze, partition
-from trnc.passes.precision import AUTO_CAST
 
 MAX_VARIANTS = 8   # compiled shape variants kept per dynamo graph (least recently used evicted)
 
@@ -48,29 +47,26 @@ _last: Report | None = None
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """The `options=` of torch.compile; each field's allowed values are in ALLOWED."""
+    """The `options=` of torch.compile: trnc.compile's Options, and whether unsupported ops run in eager."""
 
-    precision: str = "fp32"
-    auto_cast: str | None = None   # None: "none" for fp32, "matmult" for bf16 (trnc.compile's default)
-    target: str = "trn2"
+    compile: Options = Options()
     fallback: bool = True
-
-
-ALLOWED = {"precision": PRECISIONS, "auto_cast": (None, *AUTO_CAST), "target": tuple(TARGETS),
-           "fallback": (True, False)}
 
 
 def parse_options(options: dict | None) -> BackendOptions:
     """BackendOptions from torch.compile's options dict; an unknown key or value raises TrncError naming it."""
     options = dict(options or {})
-    names = [f.name for f in fields(BackendOptions)]
-    for key, value in options.items():
-        if key not in ALLOWED:
+    names = (*OPTION_NAMES, "fallback")
+    for key in options:
+        if key not in names:
             raise TrncError(f"unknown trnc backend option {key!r}; the options are {', '.join(names)}")
-        if not any(value is v or (isinstance(v, str) and value == v) for v in ALLOWED[key]):
-            allowed = ", ".join(repr(v) for v in ALLOWED[key])
-            raise TrncError(f"trnc backend option {key}={value!r} is not allowed; choose one of {allowed}")
-    return BackendOptions(**options)
+    fallback = options.pop("fallback", True)
+    if fallback is not True and fallback is not False:
+        raise TrncError(f"trnc backend option fallback={fallback!r} is not allowed; choose one of True, False")
+    try:
+        return BackendOptions(Options(**options), fallback)
+    except TrncError as e:
+        raise TrncError(f"trnc backend option {e}") from None
 
 
 @dataclass(frozen=True)
@@ -213,9 +209,7 @@ class Variants:
         regions = []
 
         def compile_region(sub, inputs):
-            import trnc.api
-            compiled = trnc.api.compile(sub, inputs, precision=self.opts.precision, target=self.opts.target,
-                                        auto_cast=self.opts.auto_cast)
+            compiled = api.compile(sub, inputs, **vars(self.opts.compile))
             regions.append(compiled)
             return compiled
 

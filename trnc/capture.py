@@ -31,20 +31,12 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from trnc import ir
+from trnc.dtypes import array_of, machine_dtype
 from trnc.errors import TrncError, UnsupportedOpError
-from trnc.interpret import array_of
+from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.log import get_logger
 
-# torch dtype -> machine dtype; the machine has no 64-bit types, so int64 indices are int32 (the API casts
-# inputs at call time); float64 holds only constants (legalize computes what depends on them alone with torch,
-# in float64, and stores the result in fp32): a value computed from inputs in float64 is refused, since the
-# machine would compute it in fp32; bool is uint8 0/1
-DTYPES = {
-    torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16, torch.float64: DType.FP32,
-    torch.int64: DType.INT32, torch.int32: DType.INT32, torch.int16: DType.INT32, torch.bool: DType.UINT8,
-    torch.int8: DType.INT8, torch.uint8: DType.UINT8,
-}
 # ops trnc lowers whole (a fused trnc op exists): kept out of the core decomposition table
 KEEP_WHOLE = (
     "aten._softmax.", "aten.softmax.", "aten._log_softmax.", "aten.log_softmax.", "aten.layer_norm.",
@@ -63,14 +55,6 @@ EXPORT_HINT = ("trnc needs a model torch.export can trace: remove data-dependent
                "loop on tensor values, .item(), .tolist()), return tensors (or tuples, lists, dicts of them; no "
                "cache objects: pass use_cache=False to Hugging Face models), or pass example inputs of the shapes "
                "you will call it with")
-
-
-@dataclass(frozen=True)
-class TensorArg:
-    """A tensor operand inside an aten node's args: its position in node.inputs and its torch dtype."""
-
-    index: int
-    dtype: torch.dtype
 
 
 @dataclass
@@ -104,13 +88,6 @@ def _table() -> dict:
         if str(op).startswith(KEEP_WHOLE + tuple(WRONG_DECOMPOSITIONS)):
             table.pop(op)
     return dict(table.items())
-
-
-def dtype_of(dtype: torch.dtype, where: str = "") -> DType:
-    if dtype not in DTYPES:
-        raise UnsupportedOpError(f"tensors of {dtype} are not supported{where}; trnc handles "
-                                 f"{', '.join(sorted(str(d) for d in DTYPES))}")
-    return DTYPES[dtype]
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -159,14 +136,14 @@ class _Importer:
         if val.dtype == torch.float64:
             raise UnsupportedOpError(f"input {fx_node.name} is float64: the machine has no 64-bit floats and would "
                                      "compute in fp32; pass float32 inputs (and a float32 model)")
-        node = ir.Node("input", (), _static_shape(val, ""), dtype_of(val.dtype, f" (input {fx_node.name})"),
+        node = ir.Node("input", (), _static_shape(val, ""), machine_dtype(val.dtype, f" (input {fx_node.name})"),
                        {"index": len(self.inputs)}, name=_sanitize(fx_node.name))
         self.inputs.append(node)
         self.input_dtypes.append(val.dtype)
         self.add(node, fx_node)
 
     def const(self, fx_node: torch.fx.Node, name: str, value: torch.Tensor) -> None:
-        dtype = dtype_of(value.dtype, f" (constant {name})")
+        dtype = machine_dtype(value.dtype, f" (constant {name})")
         try:
             array = array_of(value, dtype)
         except ValueError as e:
@@ -200,11 +177,11 @@ class _Importer:
         attrs: dict[str, Any] = {"args": args, "kwargs": kwargs}
         val = fx_node.meta.get("val")
         if isinstance(val, (tuple, list)):
-            attrs["outputs"] = [(_static_shape(v, where), dtype_of(v.dtype, where)) if isinstance(v, torch.Tensor)
+            attrs["outputs"] = [(_static_shape(v, where), machine_dtype(v.dtype, where)) if isinstance(v, torch.Tensor)
                                 else ((), DType.FP32) for v in val]
             shape, dtype = (), attrs["outputs"][0][1]
         elif isinstance(val, torch.Tensor):
-            shape, dtype = _static_shape(val, where), dtype_of(val.dtype, where)
+            shape, dtype = _static_shape(val, where), machine_dtype(val.dtype, where)
         else:   # no tensor result (asserts): legalize drops it
             shape, dtype = (), DType.FP32
         if any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in pytree.tree_leaves(val)):

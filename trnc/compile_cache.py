@@ -33,8 +33,8 @@ import torch
 
 import trnc
 from trnc import artifact, flags, ir
-from trnc.capture import TensorArg
 from trnc.errors import ArtifactError
+from trnc.ir import TensorArg
 from trnc.isa import encoding
 from trnc.isa.dtypes import DType
 from trnc.log import get_logger

@@ -4,62 +4,20 @@ Tests compare compiled programs with it, and the fold pass uses it to compute co
 follows the machine's numerics rather than torch's (isa/spec_intro.md, Numerics): every compute op
 reads its operands into fp32, computes in fp32 and writes the node's dtype (floats round to nearest
 even; ints round half to even, saturate, NaN -> 0). Comparisons and logical ops give 0/1. Movement
-ops (reshape, permute, expand, slice, cat, copy) and gather move values exactly. It also holds the
-conversions between torch tensors and the numpy arrays `const` nodes keep (`array_of`, `tensor_of`).
+ops (reshape, permute, expand, slice, cat, copy) and gather move values exactly. The conversions
+between torch tensors and the numpy arrays `const` nodes keep are trnc/dtypes.py's.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from trnc import ir
+from trnc.dtypes import INT_RANGES, tensor_of, torch_dtype
 from trnc.errors import TrncError
 from trnc.isa.dtypes import DType
-
-TORCH_DTYPES = {
-    DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16,
-    DType.FP8_E4M3: torch.float8_e4m3fn, DType.FP8_E5M2: torch.float8_e5m2,
-    DType.INT8: torch.int8, DType.UINT8: torch.uint8, DType.INT32: torch.int32,
-}
-# dtypes numpy cannot hand to torch directly: moved as raw bits of the same width
-_BITS = {DType.BF16: (np.int16, torch.int16), DType.FP8_E4M3: (np.uint8, torch.uint8),
-         DType.FP8_E5M2: (np.uint8, torch.uint8)}
-INT_RANGES = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2 ** 31), 2 ** 31 - 1)}
-
-
-def torch_dtype(dtype: DType) -> torch.dtype:
-    if dtype not in TORCH_DTYPES:
-        raise TrncError(f"the IR interpreter has no torch type for {dtype.text}; it runs "
-                        f"{', '.join(d.text for d in TORCH_DTYPES)}")
-    return TORCH_DTYPES[dtype]
-
-
-def array_of(t: torch.Tensor, dtype: DType) -> np.ndarray:
-    """`t`'s values as a numpy array of dtype.storage (what a const node keeps).
-
-    Integer values must fit `dtype` (ValueError otherwise): an int64 index table that does not fit
-    int32 cannot be narrowed silently.
-    """
-    t = t.detach().to("cpu")
-    if dtype.is_int and t.numel() and not t.dtype.is_floating_point:
-        low, high = INT_RANGES[dtype]
-        if int(t.min()) < low or int(t.max()) > high:
-            raise ValueError(f"values in [{int(t.min())}, {int(t.max())}] do not fit {dtype.text}")
-    t = t.to(torch_dtype(dtype)).contiguous()
-    if dtype in _BITS:
-        return t.view(_BITS[dtype][1]).numpy().view(dtype.storage)
-    return t.numpy()
-
-
-def tensor_of(value: np.ndarray, dtype: DType) -> torch.Tensor:
-    """The torch tensor of a const node's array (a copy, so evaluation never writes into the graph)."""
-    value = np.ascontiguousarray(value, dtype=dtype.storage)
-    if dtype in _BITS:
-        return torch.from_numpy(value.view(_BITS[dtype][0]).copy()).view(torch_dtype(dtype))
-    return torch.from_numpy(value.copy())
 
 
 def store(t: torch.Tensor, dtype: DType) -> torch.Tensor:

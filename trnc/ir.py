@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
 
 from trnc.errors import VerifyError
 from trnc.isa.dtypes import DType
+
+if TYPE_CHECKING:
+    import torch
 
 # -- the trnc op set (after legalize) --------------------------------------------------------------
 OPS_SOURCE = frozenset({"input", "const"})
@@ -36,6 +39,15 @@ OPS_MOVEMENT = frozenset({"reshape", "permute", "expand", "slice", "cat", "copy"
 TRNC_OPS = OPS_SOURCE | OPS_ELEMENTWISE | OPS_REDUCE | OPS_ROWWISE | OPS_CONTRACT | OPS_GATHER | OPS_MOVEMENT
 
 _names = itertools.count()
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor operand inside an aten node's args (capture puts it there, legalize reads it): its position in
+    node.inputs and its torch dtype."""
+
+    index: int
+    dtype: torch.dtype
 
 
 @dataclass(eq=False)

@@ -23,7 +23,8 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from trnc.capture import DTYPES, source_of
+from trnc.capture import source_of
+from trnc.dtypes import DTYPES
 from trnc.errors import TrncError, UnsupportedOpError
 from trnc.passes.legalize_rules import pm_legalize
 

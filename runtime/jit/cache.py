@@ -16,8 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import trnc
-from trnc import flags
+from trnc import flags, version
 from trnc.errors import TrncError
 from trnc.runtime.jit.codegen import Codegen
 
@@ -42,7 +41,7 @@ class KernelCache:
         self.codegen = codegen
         self.stats = CacheStats()
         self._memory: dict[str, bytes] = {}
-        self._salt = f"trnc {trnc.__version__}|{codegen.identity}|".encode()
+        self._salt = f"trnc {version.__version__}|{codegen.identity}|".encode()
 
     def key(self, ir_text: str) -> str:
         return hashlib.sha256(self._salt + ir_text.encode()).hexdigest()

@@ -13,8 +13,9 @@ from strategies import assert_programs_identical, float_from_f32_bits, programs
 
 from trnc.errors import EncodingError
 from trnc.isa import asm
-from trnc.isa.ap import AP, Engine, Mem
+from trnc.isa.ap import AP, QUEUES, Engine, Mem, queue_index, queue_name
 from trnc.isa.asm import format_ap, format_f32, format_instruction, format_program, parse_program
+from trnc.isa.config import DMA_QUEUES
 from trnc.isa.dtypes import DType
 from trnc.isa.encoding import encode
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp, Rounding
@@ -277,3 +278,12 @@ def test_bad_lines_name_the_line_its_text_and_what_was_expected(line, fragment):
 def test_parse_refuses_what_is_not_text():
     with pytest.raises(EncodingError, match="expected assembly text"):
         parse_program(b".target trn2")
+
+
+def test_every_queue_has_one_name_that_parses_back():
+    """isa/ap.py names the queues once; assembly, the reference's order and the schedule's indices use it."""
+    queues = [(e, q) for e in Engine for q in (range(DMA_QUEUES) if e is Engine.DMA else (0,))]
+    assert [queue_name(e, q) for e, q in queues] == list(QUEUES)
+    for e, q in queues:
+        assert QUEUES[queue_index(e, q)] == Instruction("memset", e, (), q).queue_name
+        assert asm._queue(queue_name(e, q)) == (e, q)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from trnc import ir
 from trnc.errors import TrncError
-from trnc.interpret import array_of, evaluate, run_graph, store, tensor_of
+from trnc.dtypes import array_of, tensor_of
+from trnc.interpret import evaluate, run_graph, store
 from trnc.isa.dtypes import DType
 from trnc.passes.fold import FOLD_MAX_ELEMENTS, FoldConstants
 

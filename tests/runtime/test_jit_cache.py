@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import trnc
 from aps import hbm, onchip
-from trnc import flags
+from trnc import flags, version
 from trnc.errors import TrncError
 from trnc.isa import AluOp, DType, Engine, Instruction, Program, TensorDecl, TensorKind
 from trnc.runtime import reference
@@ -119,7 +118,7 @@ def test_the_key_covers_the_ir_the_host_and_the_trnc_version(monkeypatch):
     text = driver_ir()
     key = KernelCache(cg).key(text)
     assert KernelCache(cg).key(text + "\n") != key
-    monkeypatch.setattr(trnc, "__version__", "0.0.0-other")
+    monkeypatch.setattr(version, "__version__", "0.0.0-other")
     assert KernelCache(cg).key(text) != key
     monkeypatch.undo()
     monkeypatch.setattr(Codegen, "identity", property(lambda self: "another host"))

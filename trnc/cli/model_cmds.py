@@ -21,6 +21,8 @@ from pathlib import Path
 
 from trnc.errors import TrncError
 from trnc.log import debug_enabled
+from trnc.isa.config import TARGETS
+from trnc.options import PRECISIONS, Options
 
 DEFINES = ("in it, define `model` and `example_inputs` at module level, or a function returning (model, "
            "example_inputs) and give its name as FILE.py:NAME")
@@ -187,7 +189,6 @@ def drive_compile(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from trnc.isa.config import TARGETS
     p = sub.add_parser(
         "compile", help="compile a model defined in a Python file to a .trnc artifact and print a summary.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -197,8 +198,10 @@ def add_parsers(sub) -> None:
                "  trnc compile examples/tiny_bert.py:bert --precision bf16 --print-after fuse --json")
     p.add_argument("file", metavar="FILE.py[:NAME]", help="the model file, e.g. examples/mlp.py.")
     p.add_argument("-o", "--output", metavar="OUT.trnc", help="artifact to write. Defaults to FILE with suffix .trnc.")
-    p.add_argument("--precision", default="fp32", help="fp32 or bf16, the type auto-cast casts to. Defaults to fp32.")
-    p.add_argument("--target", choices=TARGETS, default="trn2", help="the machine preset. Defaults to trn2.")
+    p.add_argument("--precision", default=Options.precision,
+                   help=f"{' or '.join(PRECISIONS)}, the type auto-cast casts to. Defaults to {Options.precision}.")
+    p.add_argument("--target", choices=TARGETS, default=Options.target,
+                   help=f"the machine preset. Defaults to {Options.target}.")
     p.add_argument("--auto-cast", help="what is cast to the precision: none, matmult (matmul operands) or all "
                                        "(every value). Defaults to none for fp32, matmult for bf16.")
     p.add_argument("--print-after", action="append", metavar="PASS",
