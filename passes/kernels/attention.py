@@ -432,7 +432,8 @@ class _Lowering:
                     stage(items[t])
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          plan: ir.KernelPlan) -> None:
     """Lower one attention node (see the module docstring for the plans)."""
     if math.prod(kernel.output.shape) == 0:
         return
