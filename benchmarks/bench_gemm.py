@@ -23,7 +23,6 @@ from trnc.isa.dtypes import DType
 from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
 from trnc.passes.pipeline import CompileState, Options
-from trnc.passes.plan import PlanKernels
 from trnc.passes.schedule import Schedule
 from trnc.passes.tile import Tile
 from trnc.runtime.perf import simulate
@@ -48,7 +47,7 @@ def build(m: int, k: int, n: int, dtype: DType, orientation: str | None) -> tupl
     graph = ir.Graph([a, b, mm], [a, b], [mm], kernels=[kernel])
     state = CompileState(graph, Options(target="trn2"), get_target("trn2"))
     start = time.perf_counter()
-    for p in (PlanKernels(), Tile(), Allocate(), Schedule(), Emit()):
+    for p in (Tile(), Allocate(), Schedule(), Emit()):
         state.stats[p.name] = p.run(state)
     return state, time.perf_counter() - start
 

@@ -25,7 +25,6 @@ from trnc.passes.fuse import Fuse
 from trnc.passes.layout import Layout
 from trnc.passes.legalize import Legalize
 from trnc.passes.merge_matmuls import MergeMatmuls
-from trnc.passes.plan import PlanKernels
 from trnc.passes.precision import Precision
 from trnc.passes.schedule import Schedule
 from trnc.passes.simplify import Simplify
@@ -61,13 +60,12 @@ PIPELINE = (
     Fuse(),            # kernels: matmul epilogues, elementwise chains, row-wise ops
     Precision(),       # storage and compute dtype of every value (auto_cast)
     Layout(),          # which dim of each kernel lies on the partitions
-    PlanKernels(),     # what crosses kernels: hand-overs in SBUF, orientation, row tiles, feature-major stores
     Tile(),            # kernels -> tile instructions over HBM views and symbolic buffers
     Allocate(),        # SBUF/PSUM addresses by liveness
     Schedule(),        # engines, DMA queues, semaphores
     Emit(),            # isa.Program, verified
 )
-GRAPH_PASSES = {"legalize", "fold", "simplify", "merge-matmuls", "fuse", "precision", "layout", "plan"}
+GRAPH_PASSES = {"legalize", "fold", "simplify", "merge-matmuls", "fuse", "precision", "layout"}
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 

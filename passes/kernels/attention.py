@@ -432,8 +432,7 @@ class _Lowering:
                     stage(items[t])
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
-          plan: ir.KernelPlan) -> None:
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
     """Lower one attention node (see the module docstring for the plans)."""
     if math.prod(kernel.output.shape) == 0:
         return

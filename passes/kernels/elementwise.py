@@ -364,8 +364,7 @@ def _peak_intermediates(nodes: list[ir.Node]) -> int:
     return peak
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
-          plan: ir.KernelPlan) -> None:
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
     nodes = kernel.nodes
     check_supported(nodes)
     if out.shape and math.prod(out.shape) == 0:
@@ -376,7 +375,7 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
         return
     loads = [n for n in kernel.inputs if immediate(n) is None]
     space = boxes.simplify([out] + [views[n].expand(out.shape) for n in loads])
-    pdim = _partition_dim(space, plan.partition_dim)
+    pdim = _partition_dim(space, kernel.partition_dim)
     per_element = sum(views[n].dtype.itemsize for n in loads) + 4 * _peak_intermediates(nodes) + out.dtype.itemsize
     budget = max(1, min(MAX_FREE, SBUF_BUDGET // per_element))
     for region in _regions(space, pdim, budget):

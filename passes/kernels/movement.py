@@ -100,8 +100,7 @@ def _gather(kb: KernelBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out
     boxes.pipelined(boxes.boxes(space.shape, chunks), load, finish)
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
-          plan: ir.KernelPlan) -> None:
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
     node = kernel.output
     if node.op == "cat":
         _cat(kb, node, views, out)

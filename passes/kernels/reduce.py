@@ -87,8 +87,7 @@ def _choose(space: boxes.Space, reduced: list[bool], hint: int | None) -> int:
     return best_red if by_reduced < by_kept else pdim
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
-          plan: ir.KernelPlan) -> None:
+def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
     node = kernel.output
     x = views[node.inputs[0]]
     if math.prod(x.shape) == 0:
@@ -104,7 +103,7 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
     if not any(r and size > 1 for r, size in zip(reduced, space.shape)):
         copy_view(kb, x, out_x)       # only size-1 dims reduced: a copy
         return
-    hint = _input_dim(node, plan.partition_dim)
+    hint = _input_dim(node, kernel.partition_dim)
     pdim = _choose(space, reduced, space.dim_of(hint) if hint is not None else None)
     if reduced[pdim]:
         # n // 128 rows a partition: the first partition tile is full, so it sets the accumulator's partitions

@@ -131,7 +131,7 @@ def test_movement_lower_rejects_other_ops():
     x = harness.inp(0, (4, 4), F32)
     r = node("reshape", [x], (16,))
     with pytest.raises(UnsupportedOpError, match="cat and gather"):
-        movement.lower(kb, ir.Kernel("movement", [r]), {}, None, ir.KernelPlan())
+        movement.lower(kb, ir.Kernel("movement", [r]), {}, None)
 
 
 def test_copy_view_needs_equal_shapes():
