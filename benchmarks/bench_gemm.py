@@ -23,8 +23,9 @@ from trnc.isa.dtypes import DType
 from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
 from trnc.passes.pipeline import CompileState, Options
+from trnc.passes.plan import PlanKernels
 from trnc.passes.schedule import Schedule
-from trnc.passes.tile import Tile
+from trnc.passes.tile import LowerToTiles
 from trnc.runtime.perf import simulate
 
 CASES = [  # (M, K, N, dtype)
@@ -47,7 +48,7 @@ def build(m: int, k: int, n: int, dtype: DType, orientation: str | None) -> tupl
     graph = ir.Graph([a, b, mm], [a, b], [mm], kernels=[kernel])
     state = CompileState(graph, Options(target="trn2"), get_target("trn2"))
     start = time.perf_counter()
-    for p in (Tile(), Allocate(), Schedule(), Emit()):
+    for p in (PlanKernels(), LowerToTiles(), Allocate(), Schedule(), Emit()):
         state.stats[p.name] = p.run(state)
     return state, time.perf_counter() - start
 

@@ -8,7 +8,7 @@ Rules (pm_fuse), in topological order:
   ops becomes one pass over each tile);
 - every other node (row-wise ops, reductions, attention, gathers, movement) is a kernel of its own.
 A node joins a kernel only if its other inputs come from earlier kernels, so kernels stay in
-dependency order.
+dependency order. The kind a node opens and the kinds it may join are rows of passes/kernel_kinds.py.
 """
 from __future__ import annotations
 
@@ -16,12 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from trnc import ir
-
-KIND_OF = {"matmul": "matmul", "attention": "attention", "reduce": "reduce", "softmax": "softmax",
-           "log_softmax": "log_softmax", "layer_norm": "layer_norm", "gather": "gather"}
-KIND_OF.update({op: "movement" for op in ir.OPS_MOVEMENT})
-KIND_OF.update({op: "elementwise" for op in ir.OPS_ELEMENTWISE})
-FUSIBLE_INTO = ("matmul", "elementwise")
+from trnc.passes.kernel_kinds import KIND_OF_OP, KINDS
 
 
 def fuse(graph: ir.Graph) -> Counter:
@@ -34,7 +29,7 @@ def fuse(graph: ir.Graph) -> Counter:
     for n in graph.nodes:
         if n.op in ir.OPS_SOURCE:
             continue
-        kind = KIND_OF[n.op]
+        kind = KIND_OF_OP[n.op]
         target = _fusion_target(n, kernels, kernel_of, users) if kind == "elementwise" else None
         if target is None:
             kernels.append(ir.Kernel(kind, [n]))
@@ -51,7 +46,7 @@ def fuse(graph: ir.Graph) -> Counter:
 def _fusion_target(n, kernels, kernel_of, users) -> int | None:
     for p in n.inputs:
         k = kernel_of.get(p)
-        if k is None or kernels[k].kind not in FUSIBLE_INTO or kernels[k].output is not p:
+        if k is None or not KINDS[kernels[k].kind].fusible or kernels[k].output is not p:
             continue
         if len(users[p]) != 1 or p.shape != n.shape:
             continue

@@ -5,11 +5,10 @@ tokens or features on the partitions; elementwise: an output dim). With more tha
 lowered into a scratch tile program and costed with isa/cost.py: the estimate is the busiest
 engine class (TensorE; the three vector engines together; the 16 DMA queues together). A linear
 layer with a per-feature bias thus keeps features on the partitions (the bias becomes a
-per-partition operand of the evacuation), while row-wise ops keep tokens there. A matmul whose
-result only the next kernel, a row-wise one, reads gets tokens on the partitions without an
-estimate when its rows can stay in SBUF for that kernel (tile.py hands_rows_on_chip): the HBM
-round trip it saves outweighs the bias becoming a full tile. Kernels of the same signature (a
-repeated layer) reuse the first decision.
+per-partition operand of the evacuation), while row-wise ops keep tokens there. Each choice is the
+kernel's own; the plan pass (passes/plan.py) may then overrule it where a neighbour gains more (a
+matmul handing its rows to a layer norm in SBUF). Kernels of the same signature (a repeated layer)
+reuse the first decision.
 """
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import DMA_QUEUES, HwConfig
 from trnc.isa.program import TensorKind
 from trnc.passes import kernels
-from trnc.passes.tile import hands_rows_on_chip
-from trnc.passes.tiles import KernelBuilder, TileProgram
+from trnc.passes.tiles import TileBuilder, TileProgram
 
 VECTOR_ENGINES = 3
 
@@ -32,18 +30,14 @@ def _signature(k: ir.Kernel) -> tuple:
                                              else None, tuple(i.shape for i in n.inputs)) for n in k.nodes))
 
 
-def estimate(kernel: ir.Kernel, layout, hw: HwConfig) -> float:
-    """Seconds of the busiest engine class when `kernel` is lowered with `layout` (inputs contiguous)."""
+def estimate(kernel: ir.Kernel, partition_dim, hw: HwConfig) -> float:
+    """Seconds of the busiest engine class when `kernel` is lowered with `partition_dim` on the partitions and
+    no hand-over to its neighbours (inputs contiguous)."""
     tp = TileProgram(hw)
-    kb = KernelBuilder(tp, "est")
+    kb = TileBuilder(tp, "est")
     views = {n: kb.tensor(f"i{i}", TensorKind.INPUT, n.dtype, n.shape) for i, n in enumerate(kernel.inputs)}
     out = kb.tensor("o", TensorKind.OUTPUT, kernel.output.dtype, kernel.output.shape)
-    saved = kernel.partition_dim
-    kernel.partition_dim = layout
-    try:
-        kernels.lowering(kernel.kind)(kb, kernel, views, out)
-    finally:
-        kernel.partition_dim = saved
+    kernels.lowering(kernel.kind)(kb, kernel, views, out, ir.KernelPlan(partition_dim))
     for b in tp.buffers:
         b.offset = 0
     busy = {"pe": 0.0, "vector": 0.0, "dma": 0.0}
@@ -58,14 +52,9 @@ def estimate(kernel: ir.Kernel, layout, hw: HwConfig) -> float:
 def choose_layouts(graph: ir.Graph, hw: HwConfig) -> dict:
     decided: dict[tuple, object] = {}
     stats = {"estimated": 0, "reused": 0}
-    users = graph.users()
-    for index, k in enumerate(graph.kernels):
+    for k in graph.kernels:
         mod = kernels.module(k.kind)
         if k.partition_dim is not None or not hasattr(mod, "candidates"):
-            continue
-        if hands_rows_on_chip(graph, index, users):   # tokens on the partitions, as the row-wise reader wants
-            k.partition_dim = "m"
-            stats["rows_on_chip"] = stats.get("rows_on_chip", 0) + 1
             continue
         options = mod.candidates(k)
         if len(options) <= 1:
@@ -82,7 +71,7 @@ def choose_layouts(graph: ir.Graph, hw: HwConfig) -> dict:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ChooseLayouts:
     """Partition dim of every kernel by the cost of lowering each candidate."""
 
     name: str = "layout"

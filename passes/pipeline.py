@@ -22,13 +22,14 @@ from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
 from trnc.passes.fold import FoldConstants
 from trnc.passes.fuse import Fuse
-from trnc.passes.layout import Layout
+from trnc.passes.layout import ChooseLayouts
 from trnc.passes.legalize import Legalize
 from trnc.passes.merge_matmuls import MergeMatmuls
+from trnc.passes.plan import PlanKernels
 from trnc.passes.precision import Precision
 from trnc.passes.schedule import Schedule
 from trnc.passes.simplify import Simplify
-from trnc.passes.tile import Tile
+from trnc.passes.tile import LowerToTiles
 from trnc.passes.tiles import TileProgram
 
 
@@ -59,13 +60,14 @@ PIPELINE = (
     MergeMatmuls(),    # sibling matmuls of one input (Q, K, V) into one wider matmul
     Fuse(),            # kernels: matmul epilogues, elementwise chains, row-wise ops
     Precision(),       # storage and compute dtype of every value (auto_cast)
-    Layout(),          # which dim of each kernel lies on the partitions
-    Tile(),            # kernels -> tile instructions over HBM views and symbolic buffers
+    ChooseLayouts(),   # which dim of each kernel lies on the partitions
+    PlanKernels(),     # what crosses kernels: hand-overs in SBUF, orientation, row tiles, feature-major stores
+    LowerToTiles(),    # kernels -> tile instructions over HBM views and symbolic buffers
     Allocate(),        # SBUF/PSUM addresses by liveness
     Schedule(),        # engines, DMA queues, semaphores
     Emit(),            # isa.Program, verified
 )
-GRAPH_PASSES = {"legalize", "fold", "simplify", "merge-matmuls", "fuse", "precision", "layout"}
+GRAPH_PASSES = {"legalize", "fold", "simplify", "merge-matmuls", "fuse", "precision", "layout", "plan"}
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 
 

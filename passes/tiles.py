@@ -240,15 +240,15 @@ class TileProgram:
     inputs: list[str] = field(default_factory=list)    # INPUT tensor names in call order
     outputs: list[str] = field(default_factory=list)   # OUTPUT tensor names in result order
     # HBM tensors [R, C] whose value lives in SBUF instead: tensor index -> a [128, R / 128, C] tile (row r on
-    # partition r % 128, in block r // 128); see tile.py keep_on_chip and hands_rows_on_chip
+    # partition r % 128, in block r // 128); see plan.py keeps_features_on_chip and hands_rows_on_chip
     kept: dict[int, Tile] = field(default_factory=dict)
     # HBM tensors [R, C] whose transpose SBUF also holds: tensor index -> a [128, C / 128, R] tile (column c on
-    # partition c % 128, in block c // 128); see tile.py hands_transpose_on_chip
+    # partition c % 128, in block c // 128); see plan.py hands_transpose_on_chip
     transposed: dict[int, Tile] = field(default_factory=dict)
 
     def on_chip(self, kx: HbmView) -> Tile | None:
         """The SBUF tile [128, K / 128, X] that holds the view `kx` ([*batch, K, X]: a matmul operand, a row-wise
-        kernel's rows) when tile.py keeps its tensor on chip: row k on partition k % 128, in block k // 128.
+        kernel's rows) when the plan keeps its tensor on chip: row k on partition k % 128, in block k // 128.
         Either the kept [K, X] tensor, read row by row (the view must be the whole tensor so), or the
         transposed copy of an [X, K] tensor, read as its transpose (else the view reads the HBM copy).
         None: in HBM only."""
@@ -272,15 +272,12 @@ class TileProgram:
         return "\n".join(lines)
 
 
-class KernelBuilder:
+class TileBuilder:
     """What a kernel uses to declare tensors and buffers and to emit instructions into a TileProgram."""
 
     def __init__(self, program: TileProgram, kernel: str = ""):
         self.program = program
         self.kernel = kernel
-        self.row_tiles = False   # a neighbour of the kernel is row-wise (matmul_plan.make_plan)
-        self.keep_on_chip = False   # the kernel's result may stay in SBUF for the next kernel (tile.py)
-        self.transpose_on_chip = False   # the next kernel's matmul may read the result's transpose in SBUF
         self._names = {t.name for t in program.tensors}
 
     @property

@@ -25,7 +25,7 @@ def test_passes_run_in_the_documented_order_and_are_timed():
     times = run_pipeline(state)
     assert list(times) == list(pipeline.PASS_NAMES)
     assert pipeline.PASS_NAMES == ("legalize", "fold", "simplify", "merge-matmuls", "fuse", "precision", "layout",
-                                   "tile", "allocate", "schedule", "emit")
+                                   "plan", "tile", "allocate", "schedule", "emit")
     assert state.program is not None and len(state.program.instructions) > 0
     with open("docs/layout.md") as f:   # docs/layout.md lists the passes in pipeline order
         text = f.read()
@@ -53,12 +53,12 @@ def test_unknown_pass_name_is_an_error():
 
 def test_a_model_too_large_for_hbm_names_its_tensors():
     from trnc.isa.config import TARGETS
-    from trnc.passes.tile import Tile
+    from trnc.passes.tile import LowerToTiles
 
     state = _state()
-    for p in pipeline.PIPELINE[:7]:   # up to layout
+    for p in pipeline.PIPELINE[:pipeline.PASS_NAMES.index("tile")]:
         p.run(state)
     small = TARGETS["trn2"].__class__(**{**vars(TARGETS["trn2"]), "hbm_bytes": 4096})
     state.hw = small
     with pytest.raises(TrncError, match=r"needs .* GiB of HBM .* largest tensors: .*\["):
-        Tile().run(state)
+        LowerToTiles().run(state)

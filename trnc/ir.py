@@ -90,19 +90,36 @@ class Node:
         return f"<{self.op} %{self.name} {self.dtype.text}{list(self.shape)}>"
 
 
+@dataclass(frozen=True)
+class KernelPlan:
+    """What passes/plan.py decided about a kernel from its neighbours, fixed before tile: the tile pass and the
+    kernel lowerings only read it, so no choice that spans two kernels is made while lowering one of them."""
+
+    partition_dim: Any = None    # the output dim on the partitions: layout's, or "m" for a rows hand-over
+    row_tiles: bool = False      # a neighbour is row-wise: a matmul works in tiles of 128 rows beside it
+    keep: bool = False           # the result may stay in SBUF for the next kernel instead of going to HBM
+    transposed: bool = False     # a layer norm also leaves the next matmul its result's transpose in SBUF
+    feature_major: bool = False  # a matmul result [*batch, M, N] is stored as [N, *batch, M]
+
+    def text(self) -> str:
+        flags = [name for name in ("row_tiles", "keep", "transposed", "feature_major") if getattr(self, name)]
+        return " ".join([f"partition_dim={self.partition_dim}"] + flags)
+
+
 @dataclass(eq=False)
 class Kernel:
     """A fusion group: nodes computed together on chip, reading `inputs` from HBM, writing `output`.
 
-    kind: "elementwise", "reduce", "softmax", "log_softmax", "layer_norm", "matmul", "attention",
-    "gather", "movement". Precision sets `compute_dtype`; layout sets `partition_dim` (the
-    output dim on the 128 partitions; for matmul 'm' or 'n').
+    kind: a row of passes/kernel_kinds.py. Precision sets `compute_dtype`; layout sets `partition_dim`
+    (the output dim on the 128 partitions by the kernel's own cost; for matmul 'm' or 'n'); plan sets
+    `plan`, which tile reads.
     """
 
     kind: str
     nodes: list[Node]
     compute_dtype: DType | None = None
     partition_dim: Any = None
+    plan: KernelPlan | None = None
 
     @property
     def output(self) -> Node:
@@ -192,8 +209,17 @@ def format_graph(graph: Graph) -> str:
         mark = f"[{kernel_of[n]}] " if n in kernel_of else ""
         lines.append(f"  {mark}{format_node(n)}")
     lines.append(f"  return ({', '.join('%' + o.name for o in graph.outputs)})")
+    lines += [f"  {format_kernel(k_index, k)}" for k_index, k in enumerate(graph.kernels or [])]
     lines.append("}")
     return "\n".join(lines)
+
+
+def format_kernel(k_index: int, k: Kernel) -> str:
+    """'k3 matmul: compute bf16, partition_dim n, plan partition_dim=n keep': what precision, layout and plan
+    decided about the kernel."""
+    dtype = k.compute_dtype.text if k.compute_dtype else "-"
+    plan = f", plan {k.plan.text()}" if k.plan else ""
+    return f"k{k_index} {k.kind}: compute {dtype}, partition_dim {k.partition_dim}{plan}"
 
 
 # -- verifier ---------------------------------------------------------------------------------------
@@ -261,3 +287,41 @@ def verify(graph: Graph, *, legalized: bool = True) -> None:
         grouped = [n for k in graph.kernels for n in k.nodes]
         if len(grouped) != len(set(grouped)):
             raise VerifyError("a node belongs to two kernels")
+        _verify_plans(graph)
+
+
+def _verify_plans(graph: Graph) -> None:
+    """Once plan has run, every kernel has a plan and each hand-over has the reader it is made for: a result
+    kept in SBUF and never stored must be read by the next kernel alone, or a reader gets a stale HBM tensor."""
+    planned = [k.plan is not None for k in graph.kernels]
+    if not any(planned):
+        return
+    if not all(planned):
+        raise VerifyError(f"kernel k{planned.index(False)} has no plan while others have one")
+    users = graph.users()
+    for index, k in enumerate(graph.kernels):
+        problem = _check_plan(graph, index, users)
+        if problem:
+            raise VerifyError(f"kernel k{index} ({k.kind}) plan {k.plan.text()}: {problem}{k.output.where()}")
+
+
+def _check_plan(graph: Graph, index: int, users: dict) -> str | None:
+    """The broken rule of kernel `index`'s plan as text, or None."""
+    kernel, plan = graph.kernels[index], graph.kernels[index].plan
+    out, op = kernel.output, kernel.nodes[0].op
+    reader = graph.kernels[index + 1].nodes[0] if index + 1 < len(graph.kernels) else None
+    first_operand = reader is not None and reader.inputs[0] is out and out not in reader.inputs[1:]
+    handing_rows = plan.keep and plan.partition_dim == "m"
+    if plan.partition_dim != kernel.partition_dim and not handing_rows:
+        return f"partition_dim differs from layout's {kernel.partition_dim!r} without a rows hand-over"
+    if plan.keep:
+        wanted = "m" if reader is not None and reader.op in OPS_ROWWISE else "n"
+        if op != "matmul" or not first_operand or users[out] != [reader] or out in graph.outputs:
+            return "keeps in SBUF a result the next kernel alone does not read as its first operand"
+        if plan.partition_dim != wanted or reader.op not in OPS_ROWWISE | {"matmul"}:
+            return f"keeps a result for a {reader.op} with partition_dim {plan.partition_dim!r}"
+    if plan.transposed and (op != "layer_norm" or not first_operand or reader.op != "matmul"):
+        return "a transposed hand-over from a kernel other than a layer norm read by the next matmul"
+    if plan.feature_major and (op != "matmul" or plan.partition_dim != "n" or out in graph.outputs):
+        return "a feature-major store of a result that is not an inner matmul result with N on the partitions"
+    return None

@@ -54,7 +54,7 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import MOVING_FMAX, PARTITIONS, PSUM_BANK_BYTES
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
-from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 FP32, BF16 = DType.FP32, DType.BF16
 P = PARTITIONS
@@ -156,8 +156,8 @@ def _geometry(kernel: ir.Kernel) -> _Geometry:
                      staged=has_mask or (causal and scale <= 0))
 
 
-class _Lowering:
-    def __init__(self, kb: KernelBuilder, kernel: ir.Kernel, views: dict, out: HbmView):
+class _AttentionLowering:
+    def __init__(self, kb: TileBuilder, kernel: ir.Kernel, views: dict, out: HbmView):
         self.kb = kb
         self.g = g = _geometry(kernel)
         node = kernel.output
@@ -432,8 +432,9 @@ class _Lowering:
                     stage(items[t])
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          plan: ir.KernelPlan) -> None:
     """Lower one attention node (see the module docstring for the plans)."""
     if math.prod(kernel.output.shape) == 0:
         return
-    _Lowering(kb, kernel, views, out).run()
+    _AttentionLowering(kb, kernel, views, out).run()

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from trnc.isa.ap import MAX_COUNT
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
-from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 Box = tuple[tuple[int, int], ...]
 MIN_DMA_BYTES = 64 * 1024   # smaller pieces would spend more of their time on the ~600 ns fixed cost
@@ -178,7 +178,7 @@ def pipelined(items: Iterable, load: Callable, finish: Callable, ahead: int = 2)
         finish(*pending.popleft())
 
 
-def spread(kb: KernelBuilder, dst, src) -> None:
+def spread(kb: TileBuilder, dst, src) -> None:
     """One transfer between a tile and HBM as up to one DMA per queue, in equal pieces: each queue then moves
     one large piece, rather than some queues two pieces and others one. Pieces are groups of partitions, or,
     for a write whose partitions step less than its outermost free dim (a transposed layout), ranges of that

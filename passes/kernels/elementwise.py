@@ -28,7 +28,7 @@ from trnc.isa.enums import COMPARISONS, ActFunc, AluOp
 from trnc.passes.kernels import boxes
 from trnc.passes.kernels.engines import emit
 from trnc.passes.kernels.movement import copy_view
-from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 MAX_FREE = 8192            # elements per partition in one box: instructions and DMAs that hide their fixed cost
 SBUF_BUDGET = 64 * 1024    # bytes per partition live in one box, so several boxes are in flight
@@ -138,7 +138,7 @@ def _act_func(n: ir.Node) -> str | None:
 class _Chain:
     """The values of one chain on one tile: operands, intermediates and the output tile."""
 
-    def __init__(self, kb: KernelBuilder, nodes: list[ir.Node], operands: dict[ir.Node, Operand], out: Tile):
+    def __init__(self, kb: TileBuilder, nodes: list[ir.Node], operands: dict[ir.Node, Operand], out: Tile):
         self.kb, self.nodes, self.out = kb, nodes, out
         self.parts, self.free = out.partitions, out.free_size
         inside = set(nodes)
@@ -286,7 +286,7 @@ class _Chain:
             i += self.activation(i) or self.scalar_steps(i) or self.single(i)
 
 
-def emit_chain(kb: KernelBuilder, nodes: list[ir.Node], operands: dict[ir.Node, Operand], out: Tile) -> None:
+def emit_chain(kb: TileBuilder, nodes: list[ir.Node], operands: dict[ir.Node, Operand], out: Tile) -> None:
     """Compute `nodes` (elementwise, in order) on one tile. Each node's inputs are earlier nodes of the list
     or keys of `operands` (an operand's tile may be in PSUM, e.g. a matmul result); a constant input whose
     elements are all equal is used as an immediate and needs no operand. Writes the last node's value into
@@ -305,7 +305,7 @@ def _operand_ap(view: HbmView, pdim: int | None, box: boxes.Box):
     return view.box_ap(pdim, column), True
 
 
-def load_operand(kb: KernelBuilder, view: HbmView, pdim: int, box: tuple[tuple[int, int], ...], name: str) -> Operand:
+def load_operand(kb: TileBuilder, view: HbmView, pdim: int, box: tuple[tuple[int, int], ...], name: str) -> Operand:
     """Load the box of an external input (broadcast dims have stride 0) as a full or per-partition tile."""
     ap, per_partition = _operand_ap(view, pdim, box)
     tile = kb.sbuf(name, view.dtype, ap.partitions, (ap.free_size,))
@@ -364,7 +364,8 @@ def _peak_intermediates(nodes: list[ir.Node]) -> int:
     return peak
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          plan: ir.KernelPlan) -> None:
     nodes = kernel.nodes
     check_supported(nodes)
     if out.shape and math.prod(out.shape) == 0:
@@ -375,14 +376,14 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
         return
     loads = [n for n in kernel.inputs if immediate(n) is None]
     space = boxes.simplify([out] + [views[n].expand(out.shape) for n in loads])
-    pdim = _partition_dim(space, kernel.partition_dim)
+    pdim = _partition_dim(space, plan.partition_dim)
     per_element = sum(views[n].dtype.itemsize for n in loads) + 4 * _peak_intermediates(nodes) + out.dtype.itemsize
     budget = max(1, min(MAX_FREE, SBUF_BUDGET // per_element))
     for region in _regions(space, pdim, budget):
         _lower_region(kb, nodes, loads, region, pdim, budget)
 
 
-def _lower_region(kb: KernelBuilder, nodes: list[ir.Node], loads: list[ir.Node], region: boxes.Space, pdim: int,
+def _lower_region(kb: TileBuilder, nodes: list[ir.Node], loads: list[ir.Node], region: boxes.Space, pdim: int,
                   budget: int) -> None:
     """Every box of one region: load the inputs (a box or two ahead), compute the chain, store."""
     shape, views = region.shape, region.views

@@ -6,7 +6,7 @@ adds and multiplies; the opcode table (isa/opcodes.py) holds both rules, read fr
 from __future__ import annotations
 
 from trnc.isa.opcodes import opspec
-from trnc.passes.tiles import KernelBuilder, Tile, TileInstr
+from trnc.passes.tiles import TileBuilder, Tile, TileInstr
 
 
 def allowed(opcode: str, fields: dict) -> tuple:
@@ -15,7 +15,7 @@ def allowed(opcode: str, fields: dict) -> tuple:
     return opspec(opcode).engines_for(mems, fields)
 
 
-def emit(kb: KernelBuilder, opcode: str, **fields) -> TileInstr:
+def emit(kb: TileBuilder, opcode: str, **fields) -> TileInstr:
     """kb.emit with the engines this instance may use (the table's default set when all of them can)."""
     engines = allowed(opcode, fields)
     return kb.emit(opcode, None if engines == opspec(opcode).engines else engines, **fields)

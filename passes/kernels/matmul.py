@@ -32,7 +32,7 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   finishes, down to one wave over the queues for the last block, which goes one sub-tile at a time when
   M is on the partitions (store_bytes). An output stored feature-major (tile.py) is whole rows per
   sub-tile, stored in disjoint pieces of partitions.
-- kept results: a result tile.py keeps on chip for the next kernel (KernelBuilder.keep_on_chip) is
+- kept results: a result the plan keeps on chip for the next kernel (ir.KernelPlan.keep) is
   evacuated straight into one SBUF tile and never stored: [128, N / 128, M] for the next matmul, whose
   operand regions over it take their k-tiles from that tile instead of loading them, or, with M on the
   partitions, [128, M / 128, N] for a row-wise kernel, which reads its row tiles there (TileProgram.kept).
@@ -58,7 +58,7 @@ from trnc.passes.kernels.elementwise import Operand, emit_chain, immediate, load
 from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
                                              choose_orientation, dma_nbytes, gemm_of, make_plan,
                                              matmul_seconds, shape_cycles)
-from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per queue): TensorE starts after ~2 us
 DMA_MIN = 64 * 1024       # bytes per load DMA after that at least: the ~600 ns fixed cost is under a fifth of it
@@ -91,8 +91,10 @@ def candidates(kernel: ir.Kernel) -> list[str]:
     return sorted(["m", "n"], key=rank)
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
-    """Emit the kernel: operands read through `views`, the epilogue's result written to `out`."""
+def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          kernel_plan: ir.KernelPlan) -> Tile | None:
+    """Emit the kernel: operands read through `views`, the epilogue's result written to `out`; returns the SBUF
+    tile that holds the result instead when the plan keeps it there and the blocking allows it."""
     mm = kernel.nodes[0]
     dtype = kernel.compute_dtype or mm.inputs[0].dtype
     if dtype not in MATMUL_DTYPES:
@@ -100,15 +102,17 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
                                  f"{', '.join(sorted(d.text for d in MATMUL_DTYPES))}; cast the operands to "
                                  f"one of them{mm.where()}")
     gemm = gemm_of(kernel, views, out)
-    orientation = kernel.partition_dim or choose_orientation(gemm)
+    orientation = kernel_plan.partition_dim or choose_orientation(gemm)
     if orientation not in ("m", "n"):
         raise UnsupportedOpError(f"matmul %{mm.name}: partition_dim {orientation!r} is not 'm' or 'n'{mm.where()}")
     on_chip = {**kb.program.kept, **kb.program.transposed}
     kept = sum(on_chip[v.tensor].buffer.nbytes for v in (gemm.a, gemm.b) if v.tensor in on_chip)
-    if kb.keep_on_chip:
+    if kernel_plan.keep:
         kept += gemm.n * gemm.m // PARTITIONS * gemm.out.dtype.itemsize
-    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kb.row_tiles, kept)
-    _Emitter(kb, kernel, gemm, plan, dtype).run()
+    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kernel_plan.row_tiles, kept)
+    emitter = _Emitter(kb, kernel, gemm, plan, dtype, kernel_plan.keep)
+    emitter.run()
+    return emitter.kept
 
 
 def _subtiles(x0: int, width: int, tile: int) -> list[Cols]:
@@ -247,7 +251,7 @@ class _Panel:
 class _Emitter:
     """The instructions of one planned GEMM: loads, matmuls, evacuations (with the epilogue) and stores."""
 
-    def __init__(self, kb: KernelBuilder, kernel: ir.Kernel, gemm: Gemm, plan: Plan, dtype: DType):
+    def __init__(self, kb: TileBuilder, kernel: ir.Kernel, gemm: Gemm, plan: Plan, dtype: DType, keep: bool):
         self.kb, self.gemm, self.plan, self.dtype = kb, gemm, plan, dtype
         self.mm, self.epilogue = kernel.nodes[0], kernel.nodes[1:]
         self.nb = nb = len(gemm.batch)
@@ -273,16 +277,15 @@ class _Emitter:
         # epilogue inputs to load; a constant of one value is an immediate of the chain instead
         self.loads = {i: v for i, v in gemm.epilogue.items() if immediate(i) is None}
         self.operands: dict[tuple, list[Operand]] = {}
-        self.kept = self.keep_on_chip()
+        self.kept = self.keep_on_chip() if keep else None
 
     def keep_on_chip(self) -> Tile | None:
-        """The SBUF tile the result stays in for the next kernel (tile.py), when tile.py allows it and every
-        output tile lies within one 128-row block of it; registered in the program's `kept`, so the consumer
-        reads it from there. With N on the partitions (the next matmul's contraction operand) it is
+        """The SBUF tile the result stays in for the next kernel, when every output tile lies within one
+        128-row block of it; tile.py registers it in the program's `kept`, so the consumer reads it there. With N on the partitions (the next matmul's contraction operand) it is
         [128, N / 128, M], the feature-major result; with M on the partitions (a row-wise kernel's rows)
         [128, M / 128, N]. Either way row r of the stored [R, C] tensor is on partition r % 128, block r // 128."""
         gemm, plan = self.gemm, self.plan
-        if not self.kb.keep_on_chip or math.prod(gemm.batch) != 1:
+        if math.prod(gemm.batch) != 1:
             return None
         if plan.orientation == "n":
             if plan.n_tile != PARTITIONS or not self.rows_out or gemm.n % PARTITIONS or \
@@ -294,9 +297,7 @@ class _Emitter:
                     gemm.out.strides[-2] != gemm.n or gemm.out.offset:
                 return None
             rows, cols = gemm.m, gemm.n
-        kept = self.kb.sbuf("kept", gemm.out.dtype, PARTITIONS, (rows // PARTITIONS, cols))
-        self.kb.program.kept[gemm.out.tensor] = kept
-        return kept
+        return self.kb.sbuf("kept", gemm.out.dtype, PARTITIONS, (rows // PARTITIONS, cols))
 
     def n_ranges(self) -> list[Cols]:
         """Where the output tiles' N columns start and how many: panels and sub-tiles, or plain tiles."""

@@ -20,14 +20,14 @@ from trnc.isa.ap import AP, Mem
 from trnc.isa.config import DMA_QUEUES
 from trnc.isa.dtypes import DType
 from trnc.passes.kernels import boxes
-from trnc.passes.tiles import HbmView, KernelBuilder
+from trnc.passes.tiles import HbmView, TileBuilder
 
 MAX_DMA_BYTES = 1 << 20    # per DMA of a copy; a copy spreads over all queues when it is large enough
 GATHER_COLUMNS = 4096      # table columns per gathered block (16 KiB per partition in fp32)
 ROW = 2048                 # elements per row when a contiguous run is cut into rows
 
 
-def copy_view(kb: KernelBuilder, src: HbmView, dst: HbmView) -> None:
+def copy_view(kb: TileBuilder, src: HbmView, dst: HbmView) -> None:
     """Copy `src` into `dst` (same shape; dtypes may differ: the DMA converts) by HBM-to-HBM DMAs."""
     if src.shape != dst.shape:
         raise ValueError(f"copy_view of shape {src.shape} into {dst.shape}")
@@ -48,7 +48,7 @@ def copy_view(kb: KernelBuilder, src: HbmView, dst: HbmView) -> None:
             kb.dma(views[0].box_ap(0, box), views[1].box_ap(0, box))
 
 
-def _cat(kb: KernelBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def _cat(kb: TileBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: HbmView) -> None:
     dim = node.attrs["dim"] % len(node.shape)
     start = 0
     for x in node.inputs:
@@ -58,7 +58,7 @@ def _cat(kb: KernelBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: H
         start += size
 
 
-def _gather(kb: KernelBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def _gather(kb: TileBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: HbmView) -> None:
     table_node, index_node = node.inputs
     table, index = views[table_node], views[index_node]
     if len(table.shape) != 2:
@@ -100,7 +100,8 @@ def _gather(kb: KernelBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out
     boxes.pipelined(boxes.boxes(space.shape, chunks), load, finish)
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          plan: ir.KernelPlan) -> None:
     node = kernel.output
     if node.op == "cat":
         _cat(kb, node, views, out)

@@ -24,7 +24,7 @@ from trnc.isa.enums import AluOp, ReduceOp
 from trnc.passes.kernels import boxes
 from trnc.passes.kernels.engines import emit
 from trnc.passes.kernels.movement import copy_view
-from trnc.passes.tiles import HbmView, KernelBuilder
+from trnc.passes.tiles import HbmView, TileBuilder
 
 MAX_FREE = 4096          # input elements per partition in one box
 COMBINE = {ReduceOp.SUM: AluOp.ADD, ReduceOp.MAX: AluOp.MAX, ReduceOp.MIN: AluOp.MIN}
@@ -87,7 +87,8 @@ def _choose(space: boxes.Space, reduced: list[bool], hint: int | None) -> int:
     return best_red if by_reduced < by_kept else pdim
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
+def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          plan: ir.KernelPlan) -> None:
     node = kernel.output
     x = views[node.inputs[0]]
     if math.prod(x.shape) == 0:
@@ -103,7 +104,7 @@ def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], o
     if not any(r and size > 1 for r, size in zip(reduced, space.shape)):
         copy_view(kb, x, out_x)       # only size-1 dims reduced: a copy
         return
-    hint = _input_dim(node, kernel.partition_dim)
+    hint = _input_dim(node, plan.partition_dim)
     pdim = _choose(space, reduced, space.dim_of(hint) if hint is not None else None)
     if reduced[pdim]:
         # n // 128 rows a partition: the first partition tile is full, so it sets the accumulator's partitions
@@ -122,7 +123,7 @@ class _Reduction:
     """The boxes of a reduction in order, each loaded (ahead), reduced and folded into the accumulator of its
     kept box; `groups` are lists of regions (boxes.split) whose boxes fold into the same outputs."""
 
-    def __init__(self, kb: KernelBuilder, node: ir.Node, groups: list[list[boxes.Space]], pdim: int,
+    def __init__(self, kb: TileBuilder, node: ir.Node, groups: list[list[boxes.Space]], pdim: int,
                  reduced: list[bool]):
         self.kb, self.groups, self.pdim, self.reduced = kb, groups, pdim, reduced
         self.op = ReduceOp.from_text(node.attrs["op"])

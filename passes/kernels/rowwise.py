@@ -17,7 +17,7 @@ Per row tile (P rows, C columns), the passes over the [P, C] data are:
 Row tiles are boxes of the input view: the leading dims are merged wherever the view's strides
 allow, the longest leading dim goes on the partitions, and when it is shorter than 128 several of
 its runs share a tile (one DMA each). Each DMA thus names one box and needs one free dim (C). When
-the producing matmul kept x in SBUF (tile.py hands_rows_on_chip), a row tile is read there instead.
+the producing matmul kept x in SBUF (plan.py hands_rows_on_chip), a row tile is read there instead.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import PARTITIONS
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
-from trnc.passes.tiles import HbmView, KernelBuilder, Tile
+from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 FP32 = DType.FP32
 # tensor_scalar with sub/div is not a ScalarE op (isa/verify.py ACT_SCALAR_OPS)
@@ -93,7 +93,7 @@ def _box(index: tuple[int, ...], pdim: int, r0: int, count: int) -> tuple[tuple[
     return tuple((r0, count) if d == pdim else (i, 1) for d, i in enumerate(index))
 
 
-def check_row_fits(kb: KernelBuilder, node: ir.Node, bytes_per_column: int) -> None:
+def check_row_fits(kb: TileBuilder, node: ir.Node, bytes_per_column: int) -> None:
     """Raise when one row tile (bytes_per_column bytes per element of C, per partition) cannot fit in SBUF."""
     c = node.shape[-1]
     capacity = kb.hw.sbuf_bytes_per_partition
@@ -105,7 +105,7 @@ def check_row_fits(kb: KernelBuilder, node: ir.Node, bytes_per_column: int) -> N
             f"Split the last axis or reduce it in parts.")
 
 
-def broadcast_rows(kb: KernelBuilder, name: str, view: HbmView, partitions: int) -> Tile:
+def broadcast_rows(kb: TileBuilder, name: str, view: HbmView, partitions: int) -> Tile:
     """A [partitions, C] tile whose every partition holds the 1-D `view`.
 
     One row is loaded and GpSimdE copies it to every partition (partition_broadcast): a DMA that
@@ -123,7 +123,7 @@ def broadcast_rows(kb: KernelBuilder, name: str, view: HbmView, partitions: int)
 class _Rows:
     """The input and output views as [*rows, C] and the DMAs of one row tile between them and SBUF."""
 
-    def __init__(self, kb: KernelBuilder, x: HbmView, out: HbmView):
+    def __init__(self, kb: TileBuilder, x: HbmView, out: HbmView):
         self.kb = kb
         self.x, self.out = merged_rows(x, out)
         self.c = x.shape[-1]
@@ -135,7 +135,7 @@ class _Rows:
 
     def load(self, tile: dict) -> None:
         """The row tile in x's own dtype (a converting DMA would move the wider type's bytes), or its place
-        in SBUF when the producer kept x there (tile.py hands_rows_on_chip)."""
+        in SBUF when the producer kept x there (plan.py hands_rows_on_chip)."""
         pdim = tile["pdim"]
         kept = self.kb.program.on_chip(self.x)
         if kept is not None:
@@ -179,7 +179,7 @@ def pipelined(items: list, stages) -> None:
                 stage(items[step - delay])
 
 
-def _softmax(kb: KernelBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
+def _softmax(kb: TileBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
     check_row_fits(kb, node, rows.x.dtype.itemsize + 4 + node.dtype.itemsize)
     c = rows.c
 
@@ -207,7 +207,9 @@ def _softmax(kb: KernelBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
     pipelined(list(rows.tiles()), ((0, rows.load), (1, statistics), (2, finish)))
 
 
-def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) -> None:
+def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, transposed: bool) -> Tile | None:
+    """The layer norm's instructions; returns the transposed copy for the next matmul when the plan asks for
+    one and the rows allow it."""
     node = kernel.output
     _, *params = node.inputs
     has_weight, has_bias = bool(node.attrs.get("has_weight")), bool(node.attrs.get("has_bias"))
@@ -220,7 +222,8 @@ def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) 
     tiles = list(rows.tiles())
     w = broadcast_rows(kb, "weight", views[weight], tiles[0]["parts"]) if weight is not None else None
     b = broadcast_rows(kb, "bias", views[bias], tiles[0]["parts"]) if bias is not None else None
-    copy = _transposed_copy(kb, rows, node.dtype, *(views[p] if p is not None else None for p in (weight, bias)))
+    copy = _transposed_copy(kb, rows, node.dtype, *(views[p] if p is not None else None for p in (weight, bias))) \
+        if transposed else None
 
     def statistics(tile: dict) -> None:
         parts, x = tile["parts"], tile["x"]
@@ -259,21 +262,21 @@ def _layer_norm(kb: KernelBuilder, kernel: ir.Kernel, views: dict, rows: _Rows) 
             rows.store(tile, (c0, width))
 
     pipelined(tiles, ((0, rows.load), (1, statistics), (2, finish)))
+    return copy.tile if copy is not None else None
 
 
 class _TransposedCopy:
-    """The transpose of a layer norm's result in SBUF for the next matmul (tile.py hands_transpose_on_chip):
-    one [128, C / 128, R] tile, column c on partition c % 128, in block c // 128, registered in the
-    program's `transposed`. Each normalized fp32 row tile goes through TensorE in [128, 128] blocks (bits
+    """The transpose of a layer norm's result in SBUF for the next matmul (plan.py hands_transpose_on_chip):
+    one [128, C / 128, R] tile, column c on partition c % 128, in block c // 128, which tile.py registers in
+    the program's `transposed`. Each normalized fp32 row tile goes through TensorE in [128, 128] blocks (bits
     moved exactly) and the weight and bias, now per-partition operands, are applied as each block leaves
     PSUM: fp32 multiply, then add, then one rounding, as the row-major result computes them, so both
     copies hold the same values (without weight and bias, the result's own bits)."""
 
-    def __init__(self, kb: KernelBuilder, rows: _Rows, dtype: DType, weight: HbmView | None, bias: HbmView | None):
+    def __init__(self, kb: TileBuilder, rows: _Rows, dtype: DType, weight: HbmView | None, bias: HbmView | None):
         self.kb = kb
         r, c = rows.x.shape
         self.tile = kb.sbuf("transposed", dtype, PARTITIONS, (c // PARTITIONS, r))
-        kb.program.transposed[rows.out.tensor] = self.tile
         self.params = [(op, _columns(kb, name, view)) for op, name, view in
                        ((AluOp.MUL, "weight_cols", weight), (AluOp.ADD, "bias_cols", bias)) if view is not None]
 
@@ -291,12 +294,12 @@ class _TransposedCopy:
             self.kb.emit("tensor_scalar" if fields else "tensor_copy", PSUM_READERS, dst=dst, src=block, **fields)
 
 
-def _transposed_copy(kb: KernelBuilder, rows: _Rows, dtype: DType, weight: HbmView | None,
+def _transposed_copy(kb: TileBuilder, rows: _Rows, dtype: DType, weight: HbmView | None,
                      bias: HbmView | None) -> _TransposedCopy | None:
-    """The transposed copy when tile.py asks for one and the rows allow it (one row dim, whole row tiles,
-    C whole blocks of 128, the result stored as a whole [R, C] tensor)."""
+    """The transposed copy when the rows allow it (one row dim, whole row tiles, C whole blocks of 128, the
+    result stored as a whole [R, C] tensor)."""
     out = rows.out
-    if not kb.transpose_on_chip or len(rows.x.shape) != 2 or out.offset or out.strides != (rows.c, 1):
+    if len(rows.x.shape) != 2 or out.offset or out.strides != (rows.c, 1):
         return None
     r, c = rows.x.shape
     if r % PARTITIONS or c % PARTITIONS or any(v is not None and v.shape != (c,) for v in (weight, bias)):
@@ -304,7 +307,7 @@ def _transposed_copy(kb: KernelBuilder, rows: _Rows, dtype: DType, weight: HbmVi
     return _TransposedCopy(kb, rows, dtype, weight, bias)
 
 
-def _columns(kb: KernelBuilder, name: str, view: HbmView) -> Tile:
+def _columns(kb: TileBuilder, name: str, view: HbmView) -> Tile:
     """The 1-D [C] `view` as fp32 per-partition columns [128, C / 128]: element c on partition c % 128."""
     (c,) = view.shape
     tile = kb.sbuf(name, FP32, PARTITIONS, (c // PARTITIONS,))
@@ -314,16 +317,18 @@ def _columns(kb: KernelBuilder, name: str, view: HbmView) -> Tile:
     return tile
 
 
-def lower(kb: KernelBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> None:
-    """Lower a softmax, log_softmax or layer_norm kernel (one node) over the last axis."""
+def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+          plan: ir.KernelPlan) -> Tile | None:
+    """Lower a softmax, log_softmax or layer_norm kernel (one node) over the last axis; returns the SBUF tile
+    of a transposed hand-over the plan asked for, when made."""
     node = kernel.output
     x = node.inputs[0]
     if math.prod(node.shape) == 0:
-        return
+        return None
     rows = _Rows(kb, views[x], out)
     if node.op == "layer_norm":
-        _layer_norm(kb, kernel, views, rows)
-    elif node.op in ("softmax", "log_softmax"):
+        return _layer_norm(kb, kernel, views, rows, plan.transposed)
+    if node.op in ("softmax", "log_softmax"):
         _softmax(kb, node, rows, log=node.op == "log_softmax")
-    else:
-        raise UnsupportedOpError(f"the row-wise kernel has no lowering for {node.op}{node.where()}")
+        return None
+    raise UnsupportedOpError(f"the row-wise kernel has no lowering for {node.op}{node.where()}")

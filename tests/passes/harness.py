@@ -9,8 +9,9 @@ from trnc.isa.config import get_target
 from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
 from trnc.passes.pipeline import CompileState, Options
+from trnc.passes.plan import PlanKernels
 from trnc.passes.schedule import Schedule
-from trnc.passes.tile import Tile
+from trnc.passes.tile import LowerToTiles
 from trnc.runtime import reference
 from trnc.runtime.jit import executor
 
@@ -25,14 +26,14 @@ def const(value: np.ndarray, dtype) -> ir.Node:
 
 def compile_kernels(inputs: list[ir.Node], kernels: list[ir.Kernel], outputs: list[ir.Node] | None = None,
                     target: str = "trn2") -> CompileState:
-    """Run tile -> allocate -> schedule -> emit on a graph made of `kernels` (in order)."""
+    """Run plan -> tile -> allocate -> schedule -> emit on a graph made of `kernels` (in order)."""
     nodes = [n for k in kernels for n in k.nodes]
     consts = {i for n in nodes for i in n.inputs if i.op == "const"}
     graph = ir.Graph(list(inputs) + sorted(consts, key=lambda n: n.name) + nodes, list(inputs),
                      outputs or [kernels[-1].output], kernels=list(kernels))
     ir.verify(graph)
     state = CompileState(graph, Options(target=target), get_target(target))
-    for p in (Tile(), Allocate(), Schedule(), Emit()):
+    for p in (PlanKernels(), LowerToTiles(), Allocate(), Schedule(), Emit()):
         state.stats[p.name] = p.run(state)
     return state
 

@@ -11,7 +11,7 @@ from trnc.isa.program import Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.isa import races
 from trnc.passes import allocate, schedule
-from trnc.passes.tiles import KernelBuilder, TileProgram
+from trnc.passes.tiles import TileBuilder, TileProgram
 from trnc.runtime import reference
 
 HW = get_target("trn2")
@@ -20,7 +20,7 @@ HW = get_target("trn2")
 def _exp_program(tiles: int, cols: int = 256):
     """out = exp(x) over `tiles` row tiles of 128 x cols: load, activation, store per tile."""
     tp = TileProgram(HW)
-    kb = KernelBuilder(tp, "k0")
+    kb = TileBuilder(tp, "k0")
     x = kb.tensor("x", TensorKind.INPUT, DType.FP32, (tiles * 128, cols))
     out = kb.tensor("out", TensorKind.OUTPUT, DType.FP32, (tiles * 128, cols))
     tp.inputs, tp.outputs = ["x"], ["out"]
@@ -70,7 +70,7 @@ def test_freed_space_is_reused_late():
 
 def test_sbuf_overflow_names_the_buffer():
     tp = TileProgram(HW)
-    kb = KernelBuilder(tp, "k3")
+    kb = TileBuilder(tp, "k3")
     x = kb.tensor("x", TensorKind.INPUT, DType.FP32, (128, 8))
     big = [kb.sbuf(f"big{i}", DType.FP32, 128, (HW.sbuf_bytes_per_partition // 8,)) for i in range(3)]
     for t in big:   # all three live at once

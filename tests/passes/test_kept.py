@@ -1,4 +1,4 @@
-"""A matmul result kept in SBUF for the next kernel (tile.py keep_on_chip, hands_rows_on_chip): no HBM traffic,
+"""A matmul result kept in SBUF for the next kernel (plan.py keeps_features_on_chip, hands_rows_on_chip): no HBM traffic,
 the same result."""
 from __future__ import annotations
 
@@ -126,23 +126,21 @@ def test_rows_a_softmax_reads_stay_in_sbuf():
     assert harness.rel_err(got, ref / ref.sum(-1, keepdims=True)) <= 1e-5
 
 
-def test_layout_puts_tokens_on_the_partitions_when_rows_can_stay_on_chip():
-    """The layout pass gives such a matmul "m" (tokens on the partitions) when its rows fit in KEEP_BYTES per
-    partition, and leaves the choice to its cost estimate when they do not."""
-    from trnc.isa.config import get_target
-    from trnc.passes.layout import choose_layouts
-    from trnc.passes.tile import KEEP_BYTES, hands_rows_on_chip
+def test_plan_puts_tokens_on_the_partitions_when_rows_can_stay_on_chip():
+    """The plan gives such a matmul "m" (tokens on the partitions) and keeps its rows when they fit in
+    KEEP_BYTES per partition, whatever layout chose, and leaves layout's choice when they do not."""
+    from trnc.passes.plan import KEEP_BYTES, plan_kernels
     for m, n, fits in ((512, 768, True), (128 * 12, 768, False)):
         assert (m // 128 * n * 4 <= KEEP_BYTES) == fits
         inputs, kernels, _ = _linear_norm(m, 64, n)
-        kernels[0].partition_dim = None
+        kernels[0].partition_dim = "n"
         nodes = [nd for k in kernels for nd in k.nodes]
         consts = [i for nd in nodes for i in nd.inputs if i.op == "const"]
         graph = ir.Graph(inputs + consts + nodes, inputs, [kernels[-1].output], kernels=kernels)
-        assert hands_rows_on_chip(graph, 0, graph.users()) == fits
-        stats = choose_layouts(graph, get_target("trn2"))
-        assert stats.get("rows_on_chip", 0) == fits
-        assert kernels[0].partition_dim in ("m", "n") and (kernels[0].partition_dim == "m" or not fits)
+        stats = plan_kernels(graph)
+        ir.verify(graph)
+        assert stats["rows_on_chip"] == fits and kernels[0].plan.keep == fits
+        assert kernels[0].plan.partition_dim == ("m" if fits else "n") and kernels[0].partition_dim == "n"
 
 
 def _norm_linear(m: int, c: int, n: int, dtype: DType):

@@ -21,7 +21,7 @@ from trnc.isa.dtypes import DType
 from trnc.isa.ap import Engine, Mem
 from trnc.isa.config import get_target
 from trnc.passes.kernels.elementwise import Operand, candidates, emit_chain
-from trnc.passes.tiles import KernelBuilder, TileProgram
+from trnc.passes.tiles import TileBuilder, TileProgram
 
 F32, BF16, U8, I32 = DType.FP32, DType.BF16, DType.UINT8, DType.INT32
 RNG = np.random.default_rng(7)
@@ -347,7 +347,7 @@ def test_int_comparison_and_cast_to_float():
 def test_emit_chain_on_a_psum_operand_avoids_gpsimd():
     """A matmul epilogue: (psum + bias column) -> max with a full SBUF tile -> relu, written as bf16. GpSimdE
     cannot read PSUM and ScalarE's tensor_scalar cannot take max, so those engines must not be offered."""
-    kb = KernelBuilder(TileProgram(get_target("trn2")), "k0")
+    kb = TileBuilder(TileProgram(get_target("trn2")), "k0")
     acc = kb.psum("acc", 128, (512,))
     bias = kb.sbuf("bias", F32, 128, (1,))
     other = kb.sbuf("other", F32, 128, (512,))

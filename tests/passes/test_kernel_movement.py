@@ -14,7 +14,7 @@ from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.program import TensorKind
 from trnc.passes.kernels import movement
-from trnc.passes.tiles import KernelBuilder, TileProgram
+from trnc.passes.tiles import TileBuilder, TileProgram
 
 F32, BF16, I32 = DType.FP32, DType.BF16, DType.INT32
 RNG = np.random.default_rng(5)
@@ -127,16 +127,16 @@ def test_gather_through_a_permuted_index_and_a_sliced_table():
 
 def test_movement_lower_rejects_other_ops():
     tp = TileProgram(get_target("trn2"))
-    kb = KernelBuilder(tp, "k0")
+    kb = TileBuilder(tp, "k0")
     x = harness.inp(0, (4, 4), F32)
     r = node("reshape", [x], (16,))
     with pytest.raises(UnsupportedOpError, match="cat and gather"):
-        movement.lower(kb, ir.Kernel("movement", [r]), {}, None)
+        movement.lower(kb, ir.Kernel("movement", [r]), {}, None, ir.KernelPlan())
 
 
 def test_copy_view_needs_equal_shapes():
     tp = TileProgram(get_target("trn2"))
-    kb = KernelBuilder(tp, "k0")
+    kb = TileBuilder(tp, "k0")
     a = kb.tensor("a", TensorKind.INPUT, F32, (4, 4))
     b = kb.tensor("b", TensorKind.OUTPUT, F32, (16,))
     with pytest.raises(ValueError, match="copy_view"):

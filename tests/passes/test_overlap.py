@@ -14,7 +14,7 @@ from trnc.passes.emit import Emit
 from trnc.passes.kernels.matmul_plan import Gemm, make_plan
 from trnc.passes.pipeline import CompileState, Options
 from trnc.passes.schedule import Schedule
-from trnc.passes.tiles import HbmView, KernelBuilder, TileProgram, contiguous_strides
+from trnc.passes.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
 from trnc.runtime import perf
 
 F32 = DType.FP32
@@ -30,7 +30,7 @@ def test_a_ready_instruction_fills_the_gap_before_a_waiting_one():
     program order runs in that gap, ahead of it in GpSimdE's queue, and the program still verifies."""
     hw = get_target("trn2")
     tp = TileProgram(hw)
-    kb = KernelBuilder(tp, "k")
+    kb = TileBuilder(tp, "k")
     src = kb.tensor("src", TensorKind.INPUT, F32, (128, 512))
     kb.tensor("dst", TensorKind.OUTPUT, F32, (128, 512))
     tp.inputs.append("src")

@@ -1,0 +1,151 @@
+"""plan: every decision that crosses kernels, made once from the graph and fixed on each kernel (ir.KernelPlan).
+
+Layout chooses each kernel's partition dim by the kernel's own cost; what a kernel does for its
+neighbours is decided here, before tile, so the tile pass and the kernel lowerings only read it:
+
+- rows hand-over (keep, partition_dim "m"): a matmul whose result only the next kernel, a row-wise
+  one, reads as its x (the out-projection and FFN2 sums before a transformer's layer norms) evacuates
+  each 128-row tile into SBUF, where the row-wise kernel reads it, when the rows fill whole 128-row
+  tiles and take at most KEEP_BYTES per partition. Tokens then go on the partitions whatever layout
+  chose: the HBM round trip saved (3.1 MB per layer norm of BERT-base at sequence 512) outweighs a
+  per-feature bias becoming a full tile.
+- features kept (keep, partition_dim "n"): a matmul result whose only reader is the next matmul, as
+  its contraction operand, stays in SBUF feature-major when it fits (FFN1 -> FFN2: 6.3 MB of DMA at
+  sequence 512); the buffer is live only across the two kernels, whose blockings leave room for it.
+- transposed hand-over: a layer norm read by the next matmul as its `a` operand also leaves that
+  matmul its transpose in SBUF (C on the partitions of both operands); the HBM copy is still stored
+  for the other readers.
+- feature-major stores: a matmul result with N on the partitions that only matmuls and attentions
+  read (through views) is stored [N, *batch, M], so stores and loads are whole rows (tile.py).
+- row tiles: a matmul next to a row-wise kernel streams its rows in 128-row tiles, so the two
+  overlap tile by tile (matmul_plan.make_plan).
+
+A kernel may still decline a hand-over its tiling cannot make (matmul.py, rowwise.py); its reader then
+reads HBM. The IR verifier checks that every hand-over has the reader it is made for.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from trnc import ir
+from trnc.isa.config import PARTITIONS
+from trnc.passes.kernel_kinds import KINDS
+
+KEEP_BYTES = 32 * 1024   # bytes per partition a value kept in SBUF between two kernels may take (of 192 KiB)
+VIEW_OPS = ("reshape", "permute", "slice", "expand", "copy")   # movement nodes tile turns into views
+
+
+def hands_rows_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
+    """Whether kernel `index`, a matmul, may hand its result [*lead, M, N] to the next kernel, a row-wise one,
+    in SBUF: that kernel is its only reader, as its input x, one b serves every batch index (the rows fold
+    into one M), the rows fill whole 128-row tiles, and they take at most KEEP_BYTES per partition."""
+    kernels = graph.kernels
+    kernel = kernels[index]
+    if kernel.kind != "matmul" or index + 1 >= len(kernels) or not KINDS[kernels[index + 1].kind].row_wise:
+        return False
+    out, reader, weight = kernel.output, kernels[index + 1].nodes[0], kernel.nodes[0].inputs[1]
+    if users[out] != [reader] or reader.inputs[0] is not out or out in graph.outputs or len(out.shape) < 2:
+        return False
+    if math.prod(weight.shape[:-2]) != 1:
+        return False
+    rows = math.prod(out.shape[:-1])
+    return rows % PARTITIONS == 0 and rows // PARTITIONS * out.shape[-1] * out.dtype.itemsize <= KEEP_BYTES
+
+
+def keeps_features_on_chip(graph: ir.Graph, index: int, users: dict, partition_dim) -> bool:
+    """Whether kernel `index`, a matmul with N on the partitions, may leave its result [M, N] in SBUF for the
+    next kernel's matmul, its only reader, as its `a` operand (read as a^T: K = N on the partitions, as the
+    producer evacuates it): no batch, N a multiple of 128, the reader computing in the value's dtype, and at
+    most KEEP_BYTES per partition."""
+    kernels = graph.kernels
+    kernel = kernels[index]
+    out = kernel.output
+    if kernel.kind != "matmul" or partition_dim != "n" or index + 1 >= len(kernels):
+        return False
+    nxt = kernels[index + 1]
+    if nxt.kind != "matmul" or users[out] != [nxt.nodes[0]] or out in graph.outputs or len(out.shape) < 2:
+        return False
+    *lead, m, n = out.shape
+    reader = nxt.nodes[0]
+    return (reader.inputs[0] is out and reader.inputs[1] is not out and math.prod(lead) == 1
+            and n % PARTITIONS == 0 and (nxt.compute_dtype or out.dtype) == out.dtype
+            and n // PARTITIONS * m * out.dtype.itemsize <= KEEP_BYTES)
+
+
+def hands_transpose_on_chip(graph: ir.Graph, index: int) -> bool:
+    """Whether kernel `index`, a layer norm, may also leave its result [*lead, C] transposed in SBUF for the
+    next kernel, a matmul that reads it as its `a` operand in its own dtype: the rows fill whole 128-row
+    tiles, C whole 128-partition blocks, and the copy takes at most KEEP_BYTES per partition."""
+    kernels = graph.kernels
+    kernel = kernels[index]
+    if kernel.kind != "layer_norm" or index + 1 >= len(kernels) or kernels[index + 1].kind != "matmul":
+        return False
+    out, nxt = kernel.output, kernels[index + 1]
+    reader = nxt.nodes[0]
+    if reader.inputs[0] is not out or reader.inputs[1] is out or (nxt.compute_dtype or out.dtype) != out.dtype:
+        return False
+    rows, c = math.prod(out.shape[:-1]), out.shape[-1]
+    return rows % PARTITIONS == 0 and c % PARTITIONS == 0 and c // PARTITIONS * rows * out.dtype.itemsize <= KEEP_BYTES
+
+
+def stores_feature_major(graph: ir.Graph, kernel: ir.Kernel, partition_dim, users: dict, kernel_of: dict) -> bool:
+    """Whether a matmul result [*batch, M, N] computed with N on the partitions is stored [N, *batch, M]: every
+    kernel that reads it (through views) is a contraction (a matmul, an attention), which reads it with N on
+    the partitions too. With N outermost both the producer's stores and the consumers' loads are whole rows of the tensor,
+    and the schedule, which orders HBM accesses by their byte rows (isa/races.py footprints), lets a load of
+    some features wait only for the stores of those features."""
+    out = kernel.output
+    if kernel.kind != "matmul" or partition_dim != "n" or len(out.shape) < 2:
+        return False
+    todo = [out]
+    while todo:
+        node = todo.pop()
+        if node in graph.outputs:
+            return False
+        for user in users[node]:
+            kind = kernel_of[user].kind if user in kernel_of else None
+            if kind == "movement" and user.op in VIEW_OPS:
+                todo.append(user)
+            elif kind is None or not KINDS[kind].contraction:
+                return False
+    return True
+
+
+def next_to_rows(kernel: ir.Kernel, users: dict, kernel_of: dict) -> bool:
+    """Whether a kernel that reads the result of `kernel` or produces one of its inputs is row-wise."""
+    near = [kernel_of[i] for i in kernel.inputs if i in kernel_of]
+    near += [kernel_of[u] for u in users[kernel.output]]
+    return any(KINDS[k.kind].row_wise for k in near)
+
+
+def plan_kernels(graph: ir.Graph) -> Counter:
+    """Set every kernel's plan; count the hand-overs."""
+    users = graph.users()
+    kernel_of = {n: k for k in graph.kernels for n in k.nodes}
+    stats: Counter = Counter()
+    for index, kernel in enumerate(graph.kernels):
+        rows = hands_rows_on_chip(graph, index, users)
+        partition_dim = "m" if rows else kernel.partition_dim
+        features = keeps_features_on_chip(graph, index, users, partition_dim)
+        plan = ir.KernelPlan(
+            partition_dim=partition_dim,
+            row_tiles=kernel.kind == "matmul" and next_to_rows(kernel, users, kernel_of),
+            keep=rows or features,
+            transposed=hands_transpose_on_chip(graph, index),
+            feature_major=stores_feature_major(graph, kernel, partition_dim, users, kernel_of))
+        kernel.plan = plan
+        stats.update({"rows_on_chip": rows, "features_on_chip": features, "transposed_on_chip": plan.transposed,
+                      "feature_major": plan.feature_major, "row_tiles": plan.row_tiles})
+    return stats
+
+
+@dataclass(frozen=True)
+class PlanKernels:
+    """Fix what crosses kernels (hand-overs in SBUF, orientation, row tiling, feature-major stores) on each kernel."""
+
+    name: str = "plan"
+
+    def run(self, state) -> dict:
+        return dict(plan_kernels(state.graph))
