@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 COMPARE_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor"})
 pm_legalize: dict[str, Callable] = {}
+# The ops whose rule lowers them whole, to one fused trnc op, where torch's core decompositions would spell them
+# out in smaller ops: capture keeps every overload of these out of its decomposition table.
+pm_whole: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,12 @@ class Unusable:
     what: str
 
 
-def rule(*ops: str):
+def rule(*ops: str, whole: bool = False):
     def register(fn):
         for op in ops:
             pm_legalize[op] = fn
+        if whole:
+            pm_whole.update(ops)
         return fn
     return register
 
@@ -63,8 +68,10 @@ UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "lo
 for _name, _func in UNARY.items():
     pm_legalize[f"aten.{_name}.default"] = lambda rw, n, a, func=_func: rw.unary(a["self"], func)
 
+pm_whole.add("aten.silu.default")   # one ScalarE function; torch's table spells it x * sigmoid(x)
 
-@rule("aten.gelu.default")
+
+@rule("aten.gelu.default", whole=True)
 def _gelu(rw: Rewriter, n, a):
     if a["approximate"] not in ("none", "tanh"):
         rw.fail(f"with approximate={a['approximate']!r} is not supported; use 'none' or 'tanh'")
@@ -340,7 +347,7 @@ def _last_axis(rw: Rewriter, x, dim: int, build):
     return rw.permute(build(rw.permute(x, swap)), swap)
 
 
-@rule("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int")
+@rule("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int", whole=True)
 def _softmax(rw: Rewriter, n, a):
     op = "log_softmax" if "log_softmax" in n.op else "softmax"
     return _last_axis(rw, a["self"], a["dim"], lambda x: rw.emit(op, (x,), x.shape, n.dtype))
@@ -360,12 +367,12 @@ def _layer_norm(rw: Rewriter, n, a, dtype: DType):
     return rw.reshape(out, a["input"].shape)
 
 
-@rule("aten.layer_norm.default")
+@rule("aten.layer_norm.default", whole=True)
 def _layer_norm_rule(rw: Rewriter, n, a):
     return _layer_norm(rw, n, a, n.dtype)
 
 
-@rule("aten.native_layer_norm.default")
+@rule("aten.native_layer_norm.default", whole=True)
 def _native_layer_norm(rw: Rewriter, n, a):
     return [_layer_norm(rw, n, a, n.attrs["outputs"][0][1]), Unusable("mean"), Unusable("rstd")]
 
@@ -474,12 +481,12 @@ def _unfused_attention(rw: Rewriter, q, k, v, mask, scale: float, causal: bool, 
     return _matmul(rw, weights, v, dtype)
 
 
-@rule("aten.scaled_dot_product_attention.default")
+@rule("aten.scaled_dot_product_attention.default", whole=True)
 def _sdpa(rw: Rewriter, n, a):
     return _attention(rw, n, a, n.shape, n.dtype)
 
 
-@rule("aten._scaled_dot_product_flash_attention_for_cpu.default")
+@rule("aten._scaled_dot_product_flash_attention_for_cpu.default", whole=True)
 def _sdpa_flash(rw: Rewriter, n, a):
     shape, dtype = n.attrs["outputs"][0]
     return [_attention(rw, n, a, shape, dtype), Unusable("logsumexp")]

@@ -36,13 +36,11 @@ from trnc.errors import TrncError, UnsupportedOpError
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.log import get_logger
+from trnc.passes.legalize_rules import pm_whole
 
-# ops trnc lowers whole (a fused trnc op exists): kept out of the core decomposition table
-KEEP_WHOLE = (
-    "aten._softmax.", "aten.softmax.", "aten._log_softmax.", "aten.log_softmax.", "aten.layer_norm.",
-    "aten.native_layer_norm.", "aten.gelu.", "aten.silu.", "aten.scaled_dot_product_attention.",
-    "aten._scaled_dot_product_flash_attention_for_cpu.",
-)
+# ops trnc lowers whole (a fused trnc op exists; legalize's rule table marks them), every overload: kept out of
+# the core decomposition table
+KEEP_WHOLE = tuple(sorted({op.rsplit(".", 1)[0] + "." for op in pm_whole}))
 # torch decompositions that give wrong values (checked against the ops' own kernels), kept out of the table so
 # the op stays whole: unsupported by trnc, so an error naming it or an eager fallback, never a wrong answer.
 # Each names the torch functions that reach it, as a dynamo graph calls them: aot_autograd applies some
