@@ -51,13 +51,13 @@ from typing import Callable
 
 from trnc import ir
 from trnc.errors import UnsupportedOpError
+from trnc.isa import cost
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
 from trnc.isa.dtypes import MATMUL_DTYPES, DType
 from trnc.passes.kernels import engines
 from trnc.passes.kernels.elementwise import Operand, emit_chain, immediate, load_operand
 from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
-                                             choose_orientation, dma_nbytes, gemm_of, make_plan,
-                                             matmul_seconds, shape_cycles)
+                                             choose_orientation, dma_nbytes, gemm_of, make_plan, shape_cycles)
 from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per queue): TensorE starts after ~2 us
@@ -258,12 +258,10 @@ class _Emitter:
         self.k_tiles = math.ceil(gemm.k / PARTITIONS)
         self.kx = {side: gemm.kx(side) for side in ("a", "b")}                          # [*batch, K, X]
         self.split = {s: _split(v, nb, PARTITIONS) for s, v in self.kx.items()}         # [*batch, KT, 128, X]
-        self.load_itemsize = {s: max(v.dtype.itemsize, dtype.itemsize) for s, v in self.kx.items()}
+        self.load_itemsize = {s: cost.dma_nbytes(1, v.dtype, dtype) for s, v in self.kx.items()}
         self.names = itertools.count()
         self.pdim = nb if plan.orientation == "m" else nb + 1    # the output dim on the partitions
-        self.clock = 0.0        # PE seconds of the matmuls emitted so far (TensorE at full rate)
-        self.dma_clock = 0.0    # when the DMA queues would have moved every DMA emitted so far
-        self.dmas = 0           # DMAs emitted so far
+        self.clocks = cost.QueueClocks(kb.hw)     # TensorE and the DMA queues after what is emitted so far
         # the resident side's sub-tiles lie along the free axis of the output tiles (the moving side) or on
         # their partitions; a block's tile is [P, sub-tile, W] either way, and M is its axis m_axis
         self.along_v = plan.resident == ("b" if plan.orientation == "m" else "a")
@@ -319,23 +317,19 @@ class _Emitter:
         slack (the time left once the queues have moved it and every DMA before it), within [DMA_MIN,
         DMA_MAX]; when TensorE waits for the DMAs anyway (no slack), DMA_MIN, for the throughput. The
         kernel's first wave of DMAs is smaller, so TensorE starts early."""
-        hw = self.kb.hw
-        slack = use - max(self.dma_clock, self.clock) - nbytes / (DMA_QUEUES * hw.dma_queue_bytes_per_ns * 1e9)
-        low = DMA_FIRST if self.dmas < DMA_QUEUES else DMA_MIN
-        return int(min(DMA_MAX, max(low, SLACK_SHARE * slack * hw.dma_queue_bytes_per_ns * 1e9)))
+        slack = self.clocks.slack(use, nbytes)
+        low = DMA_FIRST if self.clocks.dmas < DMA_QUEUES else DMA_MIN
+        return int(min(DMA_MAX, max(low, SLACK_SHARE * slack * cost.dma_rate(self.kb.hw))))
 
     def dma(self, dst, src, size: int) -> None:
-        """kb.dma_split in pieces of about `size` bytes, counted on the kernel's DMA clock."""
+        """kb.dma_split in pieces of about `size` bytes, counted on the kernel's clocks."""
         start = len(self.kb.program.instrs)
         self.kb.dma_split(dst, src, size)
-        hw, pieces = self.kb.hw, len(self.kb.program.instrs) - start
-        seconds = pieces * hw.dma_fixed_ns * 1e-9 + dma_nbytes(dst, src) / (hw.dma_queue_bytes_per_ns * 1e9)
-        self.dma_clock = max(self.dma_clock, self.clock) + seconds / DMA_QUEUES
-        self.dmas += pieces
+        self.clocks.add_dmas(dma_nbytes(dst, src), len(self.kb.program.instrs) - start)
 
     def pe_seconds(self, partitions: int, width: int) -> float:
         """TensorE time of one matmul into an output tile [partitions, width]."""
-        return matmul_seconds(partitions, width, self.dtype is DType.FP32, self.kb.hw)
+        return cost.matmul_seconds(partitions, width, self.dtype is DType.FP32, self.kb.hw)
 
     def run(self) -> None:
         if self.plan.resident:
@@ -425,7 +419,7 @@ class _Emitter:
         if not self.loads:
             return []
         (_, _, (_, t_width)), (t0, per_kt) = self.steps[i], self.uses[i][b]
-        rate = DMA_QUEUES * self.kb.hw.dma_queue_bytes_per_ns * 1e9
+        rate = cost.dma_rate(self.kb.hw, DMA_QUEUES)
         full = [v.dtype.itemsize for v in self.loads.values() if self.block_view(v).strides[self.nb + 2]]
         seconds = sum(full) * t_width * self.plan.tile(self.plan.resident) * BLOCK_TILES / rate
         return [_Later(t0 + per_kt * self.k_tiles - seconds, lambda: self.block_operands(i, b))]
@@ -466,12 +460,12 @@ class _Emitter:
         regions = {id(part[0]): part[0] for pair in pairs for part in pair}.values()
         for kt in range(self.k_tiles):
             for region in regions:
-                region.fill(self.clock + LOOKAHEAD)
+                region.fill(self.clocks.pe_seconds + LOOKAHEAD)
             for (a, b), psum in zip(pairs, psums):
                 s, v = (a, b) if self.plan.orientation == "m" else (b, a)
                 self.kb.emit("matmul", dst=psum, stationary=s[0].at(kt, *s[1:]), moving=v[0].at(kt, *v[1:]),
                              accumulate=kt > 0)
-                self.clock += self.pe_seconds(psum.partitions, psum.free_size)
+                self.clocks.add_pe(self.pe_seconds(psum.partitions, psum.free_size))
         for psum, dst, ops in zip(psums, dsts, operands()):
             if not self.epilogue:
                 engines.emit(self.kb, "tensor_copy", dst=dst, src=psum)
@@ -491,7 +485,7 @@ class _Emitter:
         for (index, m_cols, n_cols), seconds in zip(tiles, per_kt):
             out = self.kb.sbuf(self.name("out"), gemm.out.dtype, *self.out_shape(m_cols, n_cols)) \
                 if self.kept is None else self.kept_tile(m_cols, n_cols)
-            use = (self.clock, seconds)
+            use = (self.clocks.pe_seconds, seconds)
             a, b = _Region(self, "a", index, m_cols, use, False), _Region(self, "b", index, n_cols, use, False)
             box = (*((i, 1) for i in index), m_cols, n_cols)
             self.accumulate([((a, 0, m_cols[1]), (b, 0, n_cols[1]))], [out], lambda: [
@@ -563,9 +557,8 @@ class _Emitter:
         """Bytes per store DMA of `tile`, stored at the PE clock: STORE_BYTES, or at most
         SLACK_SHARE of the TensorE time left in the kernel on one queue (a store must not outlast the kernel
         by much), at least one wave over the queues."""
-        hw = self.kb.hw
         total = tile.partitions * tile.free_size * tile.dtype.itemsize
-        size = min(STORE_BYTES, SLACK_SHARE * (self.pe_total - self.clock) * hw.dma_queue_bytes_per_ns * 1e9)
+        size = min(STORE_BYTES, SLACK_SHARE * (self.pe_total - self.clocks.pe_seconds) * cost.dma_rate(self.kb.hw))
         return int(max(size, TAIL_BYTES, total / DMA_QUEUES))
 
     def store(self, tile: Tile, view: HbmView, pdim: int, box, m_dim: int, m_axis: int, size: int) -> None:

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, replace
 
 from trnc import ir
+from trnc.isa import cost
 from trnc.isa.config import DMA_QUEUES, MOVING_FMAX, PARTITIONS, PE_COLUMNS, HwConfig
 from trnc.passes.tiles import HbmView
 
@@ -113,20 +114,15 @@ def gemm_of(kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> G
     return Gemm(a2, b2, out2, ext2)
 
 
-def _widths(total: int, tile: int) -> list[int]:
-    return [min(tile, total - x) for x in range(0, total, tile)]
+def pe_cycles(gemm: Gemm, orientation: str, fp32: bool = False) -> int:
+    """TensorE cycles of the plain tiling in `orientation` (isa/cost.py gemm_cycles)."""
+    return shape_cycles(gemm.batch, gemm.m, gemm.n, gemm.k, orientation, fp32)
 
 
-def pe_cycles(gemm: Gemm, orientation: str) -> int:
-    """TensorE cycles of the plain tiling in `orientation` (isa/cost.py pe_matmul), without the fp32 factor."""
-    return shape_cycles(gemm.batch, gemm.m, gemm.n, gemm.k, orientation)
-
-
-def shape_cycles(batch: tuple[int, ...], m: int, n: int, k: int, orientation: str) -> int:
+def shape_cycles(batch: tuple[int, ...], m: int, n: int, k: int, orientation: str, fp32: bool = False) -> int:
     """pe_cycles of a GEMM given by its sizes."""
     xs, xv = (m, n) if orientation == "m" else (n, m)
-    per_k = sum(max(min(64, s), v) for s in _widths(xs, PE_COLUMNS) for v in _widths(xv, MOVING_FMAX))
-    return math.prod(batch) * math.ceil(k / PARTITIONS) * per_k
+    return math.prod(batch) * cost.gemm_cycles(xs, xv, k, fp32)
 
 
 def choose_orientation(gemm: Gemm) -> str:
@@ -168,11 +164,6 @@ class Plan:
         return ranges
 
 
-def matmul_seconds(stationary: int, moving: int, fp32: bool, hw: HwConfig) -> float:
-    """TensorE time of one matmul of `stationary` by `moving` columns (isa/cost.py pe_matmul)."""
-    return max(min(64, stationary), moving) * (4 if fp32 else 1) / hw.clock_hz["pe"]
-
-
 def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_tiles: bool = False,
               kept_bytes: int = 0) -> Plan:
     """The blocking for `orientation` (see the module docstring).
@@ -198,9 +189,9 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
     k_tiles = math.ceil(gemm.k / PARTITIONS)
     column = k_tiles * dtype_bytes                      # bytes per partition of one [K, 1] column
     budget = int((hw.sbuf_bytes_per_partition - SBUF_RESERVE - kept_bytes) * SBUF_SHARE)
-    fp32 = 4 if dtype_bytes == 4 else 1
-    pe_seconds = pe_cycles(gemm, orientation) * fp32 / hw.clock_hz["pe"]
-    rate = DMA_QUEUES * hw.dma_queue_bytes_per_ns * 1e9      # bytes per second of all DMA queues
+    fp32 = dtype_bytes == 4
+    pe_seconds = pe_cycles(gemm, orientation, fp32) / hw.clock_hz["pe"]
+    rate = cost.dma_rate(hw, DMA_QUEUES)
     batches = batch_indices(gemm.batch)
     best = None
     for resident in ("b",) if row_tiles and orientation == "m" else ("b", "a"):
@@ -217,7 +208,7 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
             if panel is None:
                 continue
             panels = math.ceil(r_total / panel)
-            matmul = max(min(64, s_tile), v_tile) * fp32 / hw.clock_hz["pe"]
+            matmul = cost.matmul_seconds(s_tile, v_tile, fp32, hw)
             ramp = not row_tiles and panel > r_tile and \
                 panel * gemm.k * dtype_bytes / rate > math.ceil(panel / r_tile) * k_tiles * matmul
             reads = copies * r_total + len(batches) * t_total * panels + (first_group * t_total if ramp else 0)
@@ -276,5 +267,5 @@ def batch_offset(view: HbmView, index: tuple[int, ...]) -> int:
 
 
 def dma_nbytes(dst, src) -> int:
-    """Bytes a DMA between `dst` and `src` moves as isa/cost.py counts them (the larger dtype)."""
-    return dst.partitions * math.prod(c for _, c in dst.dims) * max(dst.dtype.itemsize, src.dtype.itemsize)
+    """Bytes a DMA between `dst` and `src` (tiles or access patterns) moves (isa/cost.py dma_nbytes)."""
+    return cost.dma_nbytes(dst.partitions * math.prod(c for _, c in dst.dims), dst.dtype, src.dtype)

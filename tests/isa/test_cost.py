@@ -113,3 +113,84 @@ def test_tensor_tensor_one_pass_cases():
     mixed = Instruction.make("tensor_tensor", dst=sb(128, 300, f32), in0=sb(128, 300), in1=sb(128, 300),
                              op=AluOp.ADD)
     assert cost.cycles(mixed, TRN2) == 600                  # an fp32 operand
+
+
+# -- the formulas by size, which the compiler's estimates use --------------------------------------------
+
+@pytest.mark.parametrize("m,n,fp32,expected", [(128, 512, False, 512), (128, 16, False, 64), (32, 16, False, 32),
+                                               (128, 512, True, 2048), (8, 8, True, 32)])
+def test_matmul_cycles_by_size_are_the_instruction_cost(m, n, fp32, expected):
+    dtype = DType.FP32 if fp32 else DType.BF16
+    ins = Instruction.make("matmul", dst=ps(m, n), stationary=sb(128, m, dtype), moving=sb(128, n, dtype))
+    assert cost.matmul_cycles(m, n, fp32) == cost.cycles(ins, TRN2) == expected
+    assert cost.matmul_seconds(m, n, fp32, TRN2) == cost.seconds(ins, TRN2)
+
+
+def test_a_full_matmul_runs_at_the_reference_peak():
+    # neuroncore.md 2.1: back-to-back 128x128 stationary by 128x512 moving is the best case; 1.2: 79 TFLOPS bf16
+    # and 20 fp32 on NC-v3 (2.4 GHz), the fp32 rate a quarter of bf16's.
+    flops = 2 * 128 * 128 * 512
+    assert flops / cost.matmul_seconds(128, 512, False, TRN2) / 1e12 == pytest.approx(79, rel=0.01)
+    assert flops / cost.matmul_seconds(128, 512, True, TRN2) / 1e12 == pytest.approx(20, rel=0.02)
+    for dtype, fp32 in ((DType.BF16, False), (DType.FP32, True)):    # the peak rate and the cost model agree
+        assert cost.peak_pe_cycles(128 * 128 * 512, dtype, TRN2) == cost.matmul_cycles(128, 512, fp32)
+
+
+def test_gemm_cycles_tile_the_contraction_and_both_sides():
+    # K = 130: two k-tiles; S = 200: 128 + 72 columns; V = 600: 512 + 88 columns.
+    assert cost.gemm_cycles(200, 600, 130) == 2 * (512 + 88 + 512 + 88)
+    assert cost.gemm_cycles(200, 600, 130, fp32=True) == 4 * cost.gemm_cycles(200, 600, 130)
+    assert cost.gemm_cycles(128, 16, 16) == 64                     # a short moving side: the 64-cycle floor
+    # 4096^3 bf16 in full-rate matmuls is the roofline of tests/golden/gemm_4096_bf16.json
+    assert cost.gemm_cycles(4096, 4096, 4096) / TRN2.clock_hz["pe"] == 0.0017476266666666667
+
+
+def test_dma_bytes_count_the_wider_dtype():
+    assert cost.dma_nbytes(100, DType.BF16, DType.FP32) == 400
+    assert cost.dma_nbytes(100, DType.FP8_E4M3) == 100
+    cast = Instruction.make("dma_copy", dst=sb(128, 64, DType.BF16),
+                            src=AP(Mem.HBM, DType.FP32, 128, ((1, 64),), tensor=0, partition_stride=64))
+    assert cost.dma_bytes(cast) == 128 * 64 * 4
+    assert cost.cycles(cast, TRN2) == math.ceil(cost.dma_ns(128 * 64 * 4, TRN2))
+
+
+def test_dma_time_and_rates_match_the_reference_sheet():
+    # neuroncore.md 2.5: 17 / 23 / 33 B/ns per queue = 272 / 368 / 528 GB/s per NeuronCore over 16 queues;
+    # a fixed 600 ns per DMA instruction on NC-v3 (1300 ns semaphore-to-start on trn1).
+    for name, per_core in (("trn1", 272e9), ("trn2", 368e9), ("trn3", 528e9)):
+        assert cost.dma_rate(get_target(name), 16) == pytest.approx(per_core)
+    assert cost.dma_ns(0, TRN2) == 600 and cost.dma_ns(0, get_target("trn1"), pieces=2) == 2600
+    # one queue moved 32 KiB in 1416 ns on NC-v3: the bandwidth part of the model, within 1 %
+    assert cost.dma_ns(32768, TRN2) - cost.dma_ns(0, TRN2) == pytest.approx(1416, rel=0.01)
+    assert cost.dma_ns(23_000, TRN2, pieces=4) == 4 * 600 + 1000
+
+
+def test_queue_clocks_by_hand():
+    clocks = cost.QueueClocks(TRN2)
+    clocks.add_dmas(23_000, 2)       # 2 x 600 ns + 1000 ns, shared by the 16 queues
+    assert clocks.dma_seconds == pytest.approx(2200e-9 / 16, rel=1e-12)
+    clocks.add_pe(1e-6)
+    clocks.add_dmas(0, 1)            # queued once TensorE got there: 1 us, plus 600 ns / 16
+    assert clocks.dma_seconds == pytest.approx(1e-6 + 600e-9 / 16, rel=1e-12)
+    assert clocks.dmas == 3 and clocks.pe_seconds == 1e-6
+    # 368 kB more take the 16 queues 1 us; needed at 5 us, they leave 5 - 1.0375 - 1 us
+    assert clocks.slack(5e-6, 368_000) == pytest.approx(2.9625e-6, rel=1e-12)
+    assert clocks.slack(1.5e-6, 368_000) < 0     # TensorE would wait
+
+
+def test_roofline():
+    # tests/runtime/test_perf.py's gemm example: 1024 cycles of MACs at peak, 589824 compulsory bytes at 3 TB/s / 8
+    r = cost.Roofline.of(1024.0, 589824, TRN2)
+    assert (r.pe_seconds, r.hbm_seconds) == (1024 / 2.4e9, 589824 / 375e9)
+    assert r.seconds == r.hbm_seconds
+    assert r.efficiency(2 * r.seconds) == 0.5 and r.efficiency(0.0) == 0.0
+    # neuroncore.md 1.2 [INF] ridge: 79 TFLOPS over 3 TB/s / 8 is about 210 FLOP per byte
+    macs = 105 * 10**6
+    ridge = cost.Roofline.of(cost.peak_pe_cycles(macs, DType.BF16, TRN2), 10**6, TRN2)
+    assert ridge.pe_seconds == pytest.approx(ridge.hbm_seconds, rel=0.01)
+
+
+@pytest.mark.parametrize("dtype,double_row,mx,cycles", [(DType.BF16, False, False, 512), (DType.FP32, False, False, 2048),
+                                                        (DType.FP8_E4M3, True, False, 256), (DType.FP8_E4M3, False, True, 128)])
+def test_peak_pe_cycles_per_dtype(dtype, double_row, mx, cycles):
+    assert cost.peak_pe_cycles(128 * 128 * 512, dtype, get_target("trn3"), double_row, mx) == cycles
