@@ -1,9 +1,11 @@
 """The pass pipeline, in pipeline order, and the manager that runs it: timed, verified, printable.
 
-Each pass is a frozen dataclass with a `name` and `run(state) -> stats`. Between graph passes the
-IR verifier runs (in debug mode: `verify=True`, the default in tests); `print_after` (or
-TRNC_PRINT_AFTER=tile,emit / all) prints the IR, the tile program or the assembly after a pass.
-A failure inside a pass names the pass.
+Each pass is a frozen dataclass with a `name` and `run(state) -> stats`. The manager knows nothing
+of particular passes: hooks run before and after each one (`Hook`), and give the timing, the
+verifier of the IR level the state has reached (VERIFIERS; in debug mode: `verify=True`, the
+default in tests), `print_after` (or TRNC_PRINT_AFTER=tile,emit / all: the IR, the tile program or
+the assembly after a pass) and the caller's progress line. Adding a pass is one line in PIPELINE.
+A failure inside a pass, or in the verifier after it, names the pass.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable
 
 from trnc import flags, ir
 from trnc.errors import TrncError
+from trnc.log import get_logger
 from trnc.isa.asm import format_program
 from trnc.isa.config import HwConfig
 from trnc.isa.program import Instruction, Program
@@ -45,12 +48,17 @@ class CompileState:
     program: Program | None = None
     stats: dict = field(default_factory=dict)
 
-    def text(self) -> str:
+    @property
+    def level(self) -> str:
+        """The IR the passes have reached: "graph", then "tiles" once tile ran, then "program" after emit."""
         if self.program is not None:
+            return "program"
+        return "graph" if self.tiles is None else "tiles"
+
+    def text(self) -> str:
+        if self.level == "program":
             return format_program(self.program)
-        if self.tiles is not None:
-            return self.tiles.text()
-        return self.graph.text()
+        return self.graph.text() if self.level == "graph" else self.tiles.text()
 
 
 PIPELINE = (
@@ -67,41 +75,107 @@ PIPELINE = (
     Schedule(),        # engines, DMA queues, semaphores
     Emit(),            # isa.Program, verified
 )
-GRAPH_PASSES = {"legalize", "fold", "simplify", "merge-matmuls", "fuse", "precision", "layout", "plan"}
 PASS_NAMES = tuple(p.name for p in PIPELINE)
+# the verifier of each IR level, run after every pass that leaves the state at that level
+VERIFIERS: dict[str, Callable[[CompileState], None]] = {"graph": lambda state: ir.verify(state.graph)}
 
 
-def _print_after(requested) -> set[str]:
+def print_after_names(requested=()) -> set[str]:
+    """The passes to print the state after: `requested` and TRNC_PRINT_AFTER ('all': every pass). An unknown
+    name is an error listing the passes, raised before anything slow runs."""
     names = set(requested or ()) | set(flags.get("TRNC_PRINT_AFTER"))
     if "all" in names:
         return set(PASS_NAMES)
     unknown = names - set(PASS_NAMES)
     if unknown:
-        raise TrncError(f"unknown pass name(s) {sorted(unknown)} to print after; passes are {', '.join(PASS_NAMES)}")
+        raise TrncError(f"unknown pass name(s) {', '.join(map(repr, sorted(unknown)))} to print after; passes are "
+                        f"{', '.join(PASS_NAMES)} (or all)")
     return names
 
 
-def run_pipeline(state: CompileState, *, print_after=(), verify: bool = True,
-                 on_pass: Callable[[str, float], None] | None = None, out=None) -> dict[str, float]:
-    """Run every pass on `state`; return seconds per pass. Stats of each pass go to state.stats[pass]."""
-    out = out or sys.stderr
-    printing = _print_after(print_after)
-    times: dict[str, float] = {}
+class Hook:
+    """Runs around every pass: `before` hooks in list order, `after` hooks in reverse, so hooks nest like
+    scopes (a timer inside a progress line measures what the line shows). The base does nothing."""
+
+    def before(self, name: str, state: CompileState) -> None:
+        pass
+
+    def after(self, name: str, state: CompileState) -> None:
+        pass
+
+
+class Timer(Hook):
+    """Seconds per pass, the verifier after it included; logged at DEBUG."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._start = 0.0
+
+    def before(self, name, state):
+        self._start = time.perf_counter()
+
+    def after(self, name, state):
+        self.seconds[name] = time.perf_counter() - self._start
+        get_logger(__name__).debug("pass %s: %.3f s", name, self.seconds[name])
+
+
+class Verify(Hook):
+    """The captured graph before the first pass, then the verifier of the level each pass leaves the state at."""
+
+    def __init__(self):
+        self._input_checked = False
+
+    def before(self, name, state):
+        if not self._input_checked:
+            ir.verify(state.graph, legalized=False)
+            self._input_checked = True
+
+    def after(self, name, state):
+        check = VERIFIERS.get(state.level)
+        if check is not None:
+            check(state)
+
+
+class PrintAfter(Hook):
+    def __init__(self, names: set[str], out):
+        self.names, self.out = names, out
+
+    def after(self, name, state):
+        if name in self.names:
+            print(f"// ----- after {name} -----\n{state.text()}", file=self.out)
+
+
+class PassProgress(Hook):
+    """One step of a progress line (trnc/progress.py) per pass; `steps` of them."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.steps = len(PIPELINE)
+
+    def before(self, name, state):
+        self.progress.begin(name)
+
+    def after(self, name, state):
+        self.progress.end()
+
+
+def run_pipeline(state: CompileState, *, print_after=(), verify: bool = True, hooks: tuple[Hook, ...] = (),
+                 out=None) -> dict[str, float]:
+    """Run every pass on `state` with the caller's `hooks` outermost; return seconds per pass. Stats of each
+    pass go to state.stats[pass]."""
+    timer = Timer()
+    scopes = [*hooks, PrintAfter(print_after_names(print_after), out or sys.stderr), timer]
     if verify:
-        ir.verify(state.graph, legalized=False)
+        scopes.append(Verify())
     for p in PIPELINE:
-        start = time.perf_counter()
+        for hook in scopes:
+            hook.before(p.name, state)
         try:
             state.stats[p.name] = p.run(state) or {}
-            if verify and p.name in GRAPH_PASSES:
-                ir.verify(state.graph)
+            for hook in reversed(scopes):
+                hook.after(p.name, state)
         except TrncError as e:
             raise type(e)(f"{e}\n  (in pass '{p.name}')") from e
         except Exception as e:
             raise TrncError(f"internal error in pass '{p.name}': {type(e).__name__}: {e}") from e
-        times[p.name] = time.perf_counter() - start
-        if on_pass:
-            on_pass(p.name, times[p.name])
-        if p.name in printing:
-            print(f"// ----- after {p.name} -----\n{state.text()}", file=out)
-    return times
+    return timer.seconds

@@ -7,7 +7,7 @@ from torch import nn
 
 from trnc import flags
 from trnc.capture import capture
-from trnc.errors import TrncError
+from trnc.errors import TrncError, VerifyError
 from trnc.isa.config import get_target
 from trnc.passes import pipeline
 from trnc.options import Options
@@ -62,3 +62,55 @@ def test_a_model_too_large_for_hbm_names_its_tensors():
     state.hw = small
     with pytest.raises(TrncError, match=r"needs .* GiB of HBM .* largest tensors: .*\["):
         LowerToTiles().run(state)
+
+
+class Recorder(pipeline.Hook):
+    def __init__(self, log, tag):
+        self.log, self.tag = log, tag
+
+    def before(self, name, state):
+        self.log.append((self.tag, "before", name, state.level))
+
+    def after(self, name, state):
+        self.log.append((self.tag, "after", name, state.level))
+
+
+def test_hooks_run_around_every_pass_and_nest():
+    log = []
+    times = run_pipeline(_state(), hooks=(Recorder(log, "outer"), Recorder(log, "inner")))
+    names = list(pipeline.PASS_NAMES)
+    assert [e[2] for e in log if e[:2] == ("outer", "before")] == names == list(times)
+    first = log[:4]
+    assert [e[:3] for e in first] == [("outer", "before", names[0]), ("inner", "before", names[0]),
+                                      ("inner", "after", names[0]), ("outer", "after", names[0])]
+    levels = {e[2]: e[3] for e in log if e[1] == "after"}
+    assert levels["legalize"] == "graph" and levels["tile"] == "tiles" and levels["emit"] == "program"
+
+
+def test_the_verifier_of_the_level_runs_after_each_pass_and_names_the_pass(monkeypatch):
+    seen = []
+    monkeypatch.setitem(pipeline.VERIFIERS, "tiles", lambda state: seen.append(state.level))
+    run_pipeline(_state())
+    assert seen and len(seen) == pipeline.PASS_NAMES.index("emit") - pipeline.PASS_NAMES.index("tile")
+
+    def broken(state):
+        raise VerifyError("a rule")
+    monkeypatch.setitem(pipeline.VERIFIERS, "tiles", broken)
+    with pytest.raises(VerifyError, match="a rule\n  \\(in pass 'tile'\\)"):
+        run_pipeline(_state())
+    run_pipeline(_state(), verify=False)
+
+
+def test_pass_progress_shows_each_pass():
+    class Line:
+        total, steps = 0, []
+
+        def begin(self, name):
+            self.steps.append(name)
+
+        def end(self):
+            pass
+    line = Line()
+    hook = pipeline.PassProgress(line)
+    run_pipeline(_state(), hooks=(hook,))
+    assert hook.steps == len(pipeline.PIPELINE) and line.steps == list(pipeline.PASS_NAMES)

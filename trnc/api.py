@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from trnc import compile_cache, flags
+from trnc import compile_cache
 from trnc.capture import capture
 from trnc.dtypes import numpy_of, tensor_of
 from trnc.errors import TrncError
@@ -26,7 +26,7 @@ from trnc.isa.dtypes import DType
 from trnc.isa.program import Program, TensorKind
 from trnc.log import get_logger
 from trnc.options import Options
-from trnc.passes.pipeline import PASS_NAMES, CompileState, run_pipeline
+from trnc.passes.pipeline import CompileState, PassProgress, print_after_names, run_pipeline
 from trnc.progress import Progress
 from trnc.runtime import perf, reference
 
@@ -45,12 +45,13 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     start = time.perf_counter()
-    printing = bool(print_after) or bool(flags.get("TRNC_PRINT_AFTER"))
-    models = compile_cache.open_cache(cache and not printing)
-    steps = 2 + len(PASS_NAMES) + (2 if models else 0)     # capture, [key], passes, perf model, [store]
+    print_after = print_after_names(print_after)
+    models = compile_cache.open_cache(cache and not print_after)
     # the progress line stays off when DEBUG lines or printed IR would interleave with it
     debug = get_logger(__name__).isEnabledFor(logging.DEBUG)
-    with Progress(steps, enabled=not (printing or debug)) as progress:
+    with Progress(0, enabled=not (print_after or debug)) as progress:
+        passes = PassProgress(progress)
+        progress.total = 2 + passes.steps + (2 if models else 0)    # capture, [key], passes, perf model, [store]
         times: dict[str, float] = {}
         graph, info = _step(progress, times, "capture", capture, model, tuple(example_inputs), example_kwargs)
         key = _step(progress, times, "cache-key", _cache_key, models, graph, options) if models else None
@@ -65,8 +66,8 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
             stored["cached_pass_seconds"] = stored.pop("pass_seconds", {})
             status = "hit"
         else:
-            progress.total = len(times) + len(PASS_NAMES) + 1 + (key is not None)
-            compiled = _run_passes(graph, info, options, progress, times, print_after, verify)
+            progress.total = len(times) + passes.steps + 1 + (key is not None)
+            compiled = _run_passes(graph, info, options, progress, times, print_after, verify, passes)
             status = "off" if key is None else "miss"
             if key is not None:
                 compiled.stats.update(compile_seconds=time.perf_counter() - start, pass_seconds=dict(times))
@@ -98,21 +99,10 @@ def _cache_key(models: compile_cache.ModelCache, graph, options: Options) -> str
 
 
 def _run_passes(graph, info, options: Options, progress: Progress, times: dict[str, float], print_after,
-                verify: bool) -> "CompiledModel":
-    """The pass pipeline, one progress step per pass (run_pipeline reports each pass as it ends), then the model."""
+                verify: bool, passes: PassProgress) -> "CompiledModel":
+    """The pass pipeline (each pass a step of the progress line), then the performance model."""
     state = CompileState(graph, options, get_target(options.target))
-    log = get_logger(__name__)
-    following = iter(PASS_NAMES[1:])
-
-    def on_pass(name: str, seconds: float) -> None:
-        progress.end(seconds)
-        log.debug("pass %s: %.3f s", name, seconds)
-        upcoming = next(following, None)
-        if upcoming is not None:
-            progress.begin(upcoming)
-
-    progress.begin(PASS_NAMES[0])
-    times.update(run_pipeline(state, print_after=print_after, verify=verify, on_pass=on_pass))
+    times.update(run_pipeline(state, print_after=print_after, verify=verify, hooks=(passes,)))
 
     def model() -> CompiledModel:
         compiled = CompiledModel(state.program, state.tiles.constants, info, options)

@@ -98,15 +98,10 @@ def load_model(spec: str):
     return made[0], made[1], path
 
 
-def _print_after(values: list[str] | None) -> list[str]:
+def _print_after(values: list[str] | None) -> set[str]:
     """--print-after is repeatable and comma-separated; the names are checked here, before the slow capture."""
-    from trnc.passes.pipeline import PASS_NAMES
-    names = [n.strip() for v in values or () for n in v.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(PASS_NAMES) - {"all"})
-    if unknown:
-        raise TrncError(f"--print-after {', '.join(unknown)}: no such pass; passes are {', '.join(PASS_NAMES)} "
-                        "(or all)")
-    return names
+    from trnc.passes.pipeline import print_after_names
+    return print_after_names(n.strip() for v in values or () for n in v.split(",") if n.strip())
 
 
 def engine_table(program, stats: dict) -> list[str]:
