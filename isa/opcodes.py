@@ -68,6 +68,7 @@ class Field:
     one_bank: bool = False     # a PSUM AP must stay within one bank (spec_intro.md "Memories")
     e8m0: E8m0 = E8m0.NEVER
     limits: tuple[tuple[Engine, frozenset], ...] = ()   # (engine, the enum values it supports) for this field
+    needs: str = ""            # of a bool field: the HwConfig feature a target needs when it is set
 
     def __post_init__(self):
         if self.default is None and self.kind is not Kind.AP:
@@ -95,8 +96,8 @@ def mx_scale(name, doc, write=False):
     return Field(name, Kind.AP, doc, out=write, role=Role.MX_SCALE, mems=_S, e8m0=E8m0.SCALE)
 
 
-def imm(name, kind, doc, enum_type=None, default=None, limits=()):
-    return Field(name, kind, doc, enum=enum_type, default=default, limits=limits)
+def imm(name, kind, doc, enum_type=None, default=None, limits=(), needs=""):
+    return Field(name, kind, doc, enum=enum_type, default=default, limits=limits, needs=needs)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class OpSpec:
     summary: str
     semantics: str
     elementwise: bool = False   # data operands correspond element by element (spec_intro.md "Access patterns")
+    needs: str = ""             # the HwConfig feature a target needs to run the opcode at all
 
     def field(self, name: str) -> Field:
         for f in self.fields:
@@ -156,7 +158,7 @@ TABLE: tuple[OpSpec, ...] = (
             inp("stationary", "[K, M] or [K, 2, M] double-row", mems=_S),
             inp("moving", "[K, N] or [K, 2, N] double-row", mems=_S),
             imm("accumulate", Kind.BOOL, "add into dst instead of overwriting"),
-            imm("double_row", Kind.BOOL, "fp8 only: K = 2 x partitions (targets with fp8 double-row)")),
+            imm("double_row", Kind.BOOL, "fp8 only: K = 2 x partitions", needs="fp8_double_row")),
            cost.pe_matmul,
            "dst[M, N] (+)= stationary.T @ moving with exact products and fp32 accumulation in k order",
            "for m, n: acc = dst[m, n] if accumulate else +0.0; for r in row groups, for k in partitions: "
@@ -171,7 +173,8 @@ TABLE: tuple[OpSpec, ...] = (
            "MX matmul: per block of 32 partitions, fp32 sum of exact products times both E8M0 scales",
            "for m, n: acc = dst[m, n] if accumulate else +0.0; for r, for block b: "
            "part = fp32 sequential sum over k in b of s[k, r, m] * v[k, r, n]; "
-           "acc = fp32(acc + fp32(f64(part) * 2^(ss[b, r, m] + sv[b, r, n] - 254))) (NaN if a scale is 0xFF)"),
+           "acc = fp32(acc + fp32(f64(part) * 2^(ss[b, r, m] + sv[b, r, n] - 254))) (NaN if a scale is 0xFF)",
+           needs="mx"),
     OpSpec("transpose", 5, (Engine.PE,),
            (out("dst", "[F, P], dtype = src dtype or fp32", mems=_P, one_bank=True),
             inp("src", "[P <= 128, F <= 128]", mems=_S)),
@@ -268,7 +271,7 @@ TABLE: tuple[OpSpec, ...] = (
            cost.quantize_mx,
            "MX quantize along partitions: per 32-partition block and column, an E8M0 scale and RNE elements",
            "for block b, column f: amax = max |x|; S = scale(amax, mode) (0xFF if not finite); "
-           "dst = cast_sat(fp32(x * 2^(127 - S))) (precision.md 7.3)"),
+           "dst = cast_sat(fp32(x * 2^(127 - S))) (precision.md 7.3)", needs="mx"),
 )
 
 BY_NAME = {op.name: op for op in TABLE}

@@ -88,7 +88,8 @@ def _field_kind(f) -> str:
 def _field_rules(op, f) -> str:
     """An operand's memories and the table's other rules on it, as a cell of its opcode's field table."""
     if f.kind is not Kind.AP:
-        return "; ".join(f"on {e.text}: {', '.join(sorted(v.text for v in values))}" for e, values in f.limits)
+        rules = [f"on {e.text}: {', '.join(sorted(v.text for v in values))}" for e, values in f.limits]
+        return "; ".join(rules + ([f"when set, needs a target with `{f.needs}`"] if f.needs else []))
     mems = sorted({m.text for e in op.engines for m in op.memories(f, e)})
     rules = [" or ".join(mems)] + ([f.role.value] if f.role is not Role.DATA else [])
     rules += ["one PSUM bank"] * f.one_bank + ([f"e8m0: {f.e8m0.value}"] if f.e8m0 in (E8m0.COPY, E8m0.DECODE) else [])
@@ -103,6 +104,8 @@ def _opcodes() -> list[str]:
         out += [f"### `{op.name}` (code {op.code}; {', '.join(e.text for e in op.engines)})", "", op.summary + ".", ""]
         if op.elementwise:
             out += ["Elementwise: the data operands correspond element by element.", ""]
+        if op.needs:
+            out += [f"Needs a target with `{op.needs}`.", ""]
         out += _table(["field", "kind", "rules", "notes"],
                       [[f"`{f.name}`", _field_kind(f), _field_rules(op, f), f.doc] for f in op.fields])
         out += [f"Semantics: {op.semantics}.", "", f"Cost (`{op.cost.__name__}`): {_doc(op.cost)}", ""]

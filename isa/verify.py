@@ -397,6 +397,15 @@ def _need(ctx: _Ctx, flag: str, what: str) -> Iterator[Problem]:
         yield "target", f"{what} needs a target with {flag} ({', '.join(have)}); {ctx.hw.name} has none"
 
 
+def _features(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
+    """The target features the row asks for: the opcode's, and those of its bool fields that are set."""
+    if ins.spec.needs:
+        yield from _need(ctx, ins.spec.needs, ins.opcode)
+    for f in ins.spec.fields:
+        if f.needs and ins[f.name]:
+            yield from _need(ctx, f.needs, f"{ins.opcode} {f.name}")
+
+
 def _matmul_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
     st, mv = ins["stationary"], ins["moving"]
     yield from _dtype_in("stationary", st, MATMUL_DTYPES, "a matmul input")
@@ -404,14 +413,11 @@ def _matmul_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
     if (st.dtype is DType.FP32) != (mv.dtype is DType.FP32):
         yield "dtype", f"stationary is {st.dtype.text}, moving {mv.dtype.text}; fp32 must be on both inputs or neither"
     yield from _dtype_in("dst", ins["dst"], {DType.FP32}, "a matmul result in PSUM")
-    if ins["double_row"]:
-        yield from _need(ctx, "fp8_double_row", "matmul double_row")
-        if not (st.dtype.is_fp8 and mv.dtype.is_fp8):
-            yield "dtype", f"double_row takes fp8 inputs; stationary is {st.dtype.text}, moving {mv.dtype.text}"
+    if ins["double_row"] and not (st.dtype.is_fp8 and mv.dtype.is_fp8):
+        yield "dtype", f"double_row takes fp8 inputs; stationary is {st.dtype.text}, moving {mv.dtype.text}"
 
 
 def _matmul_mx_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    yield from _need(ctx, "mx", "matmul_mx")
     for name in ("stationary", "moving"):
         yield from _dtype_in(name, ins[name], MX_FORMATS, "an MX element type")
     for name in ("stationary_scale", "moving_scale"):
@@ -420,7 +426,6 @@ def _matmul_mx_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
 
 
 def _quantize_mx_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
-    yield from _need(ctx, "mx", "quantize_mx")
     yield from _dtype_in("src", ins["src"], {DType.FP32, DType.BF16, DType.FP16}, "quantize_mx's input")
     yield from _dtype_in("dst", ins["dst"], MX_FORMATS, "an MX element type")
     yield from _dtype_in("scale", ins["scale"], {DType.E8M0}, "an MX scale")
@@ -511,6 +516,7 @@ def _instruction(ctx: _Ctx, ins: Instruction) -> tuple[list[Problem], bool]:
             problems.extend(rule(ctx, ins, name, ap, write))
     if formed and legal_engine:
         problems.extend(spec_shape[ins.opcode](ctx, ins))
+        problems.extend(_features(ctx, ins))
         problems.extend(spec_dtype.get(ins.opcode, lambda c, i: ())(ctx, ins))
         problems.extend(_engine_limits(ctx, ins))
         problems.extend(_psum_bank(ctx, ins))

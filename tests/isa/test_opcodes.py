@@ -1,10 +1,10 @@
-"""The opcode rows carry every operand rule (memories, roles, one PSUM bank, e8m0 placement, engine limits), and the
-verifier reads them there: changing a row changes what verifies."""
-from dataclasses import replace
+"""The opcode rows carry every operand rule (memories, roles, one PSUM bank, e8m0 placement, engine limits, target
+features), and the verifier reads them there: changing a row changes what verifies."""
+from dataclasses import fields, replace
 
 import pytest
 
-from trnc.isa import TABLE, AluOp, DType, Engine, Mem
+from trnc.isa import TABLE, AluOp, DType, Engine, HwConfig, Mem
 from trnc.isa import opcodes
 from trnc.isa.opcodes import ENGINE_MEMS, E8m0, Kind, Role
 from trnc.isa.verify import check, spec_shape
@@ -26,17 +26,25 @@ def test_every_row_states_its_operand_rules(spec):
         assert (f.role is Role.MX_SCALE) == (f.e8m0 is E8m0.SCALE), f.name
     if spec.elementwise:
         assert any(f.role is Role.DATA for f in spec.aps)
+    features = {f.name for f in fields(HwConfig) if f.type in (bool, "bool")}
+    assert {spec.needs, *(f.needs for f in spec.fields)} <= features | {""}
+    assert all(f.kind is Kind.BOOL for f in spec.fields if f.needs)
 
 
 def test_engine_memories_cover_every_engine():
     assert set(ENGINE_MEMS) == set(Engine)
 
 
+def _with_row(monkeypatch, opcode: str, **changes):
+    """Replace one row for the duration of a test."""
+    monkeypatch.setitem(opcodes.BY_NAME, opcode, replace(opcodes.BY_NAME[opcode], **changes))
+
+
 def _with_field(monkeypatch, opcode: str, name: str, **changes):
     """Replace one field of one row for the duration of a test."""
     spec = opcodes.BY_NAME[opcode]
-    fields = tuple(replace(f, **changes) if f.name == name else f for f in spec.fields)
-    monkeypatch.setitem(opcodes.BY_NAME, opcode, replace(spec, fields=fields))
+    changed = tuple(replace(f, **changes) if f.name == name else f for f in spec.fields)
+    _with_row(monkeypatch, opcode, fields=changed)
 
 
 def _rules(ins) -> set[str]:
@@ -78,6 +86,16 @@ def test_verifier_reads_roles_from_the_row(monkeypatch):
     assert "shape" in _rules(ins)   # now a data operand: [64, 2] does not match dst's [64, 64] either
     _with_field(monkeypatch, "activation", "bias_ap", role=Role.MX_SCALE)
     assert "shape" not in _rules(ins)
+
+
+def test_verifier_reads_target_features_from_the_row(monkeypatch):
+    mx, double_row = op("matmul_mx"), op("matmul", 1)
+    assert "target" in {v.rule for v in check(broken(mx, "trn2"))}
+    assert "target" in {v.rule for v in check(broken(double_row, "trn1"))}
+    _with_row(monkeypatch, "matmul_mx", needs="")
+    _with_field(monkeypatch, "matmul", "double_row", needs="")
+    assert "target" not in {v.rule for v in check(broken(mx, "trn2"))}
+    assert "target" not in {v.rule for v in check(broken(double_row, "trn1"))}
 
 
 def test_engines_for_drops_engines_that_cannot_run_the_instance():
