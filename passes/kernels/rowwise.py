@@ -34,7 +34,7 @@ from trnc.isa.enums import ActFunc, AluOp, ReduceOp
 from trnc.passes.tiles import HbmView, TileBuilder, Tile
 
 FP32 = DType.FP32
-# tensor_scalar with sub/div is not a ScalarE op (isa/verify.py ACT_SCALAR_OPS)
+# tensor_scalar with sub/div is not a ScalarE op (the limits of tensor_scalar's op0/op1 in isa/opcodes.py)
 DVE_POOL = (Engine.DVE, Engine.POOL)
 PSUM_READERS = (Engine.ACT, Engine.DVE)   # GpSimdE cannot reach PSUM
 SBUF_ALIGN = 64    # passes/allocate.py rounds every SBUF buffer up to this many bytes
