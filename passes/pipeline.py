@@ -34,6 +34,7 @@ from trnc.passes.schedule import Schedule
 from trnc.passes.simplify import Simplify
 from trnc.passes.tile import LowerToTiles
 from trnc.passes.tiles import TileProgram
+from trnc.passes.tiles_verify import verify_tiles
 
 
 @dataclass
@@ -77,7 +78,10 @@ PIPELINE = (
 )
 PASS_NAMES = tuple(p.name for p in PIPELINE)
 # the verifier of each IR level, run after every pass that leaves the state at that level
-VERIFIERS: dict[str, Callable[[CompileState], None]] = {"graph": lambda state: ir.verify(state.graph)}
+VERIFIERS: dict[str, Callable[[CompileState], None]] = {
+    "graph": lambda state: ir.verify(state.graph),
+    "tiles": lambda state: verify_tiles(state.tiles, state.graph, state.instructions),
+}
 
 
 def print_after_names(requested=()) -> set[str]:

@@ -93,9 +93,9 @@ def hands_transpose_on_chip(graph: ir.Graph, index: int) -> bool:
 def stores_feature_major(graph: ir.Graph, kernel: ir.Kernel, partition_dim, users: dict, kernel_of: dict) -> bool:
     """Whether a matmul result [*batch, M, N] computed with N on the partitions is stored [N, *batch, M]: every
     kernel that reads it (through views) is a contraction (a matmul, an attention), which reads it with N on
-    the partitions too. With N outermost both the producer's stores and the consumers' loads are whole rows of the tensor,
-    and the schedule, which orders HBM accesses by their byte rows (isa/races.py footprints), lets a load of
-    some features wait only for the stores of those features."""
+    the partitions too. With N outermost both the producer's stores and the consumers' loads are whole rows
+    of the tensor, and the schedule, which orders HBM accesses by their byte rows (isa/races.py footprints),
+    lets a load of some features wait only for the stores of those features."""
     out = kernel.output
     if kernel.kind != "matmul" or partition_dim != "n" or len(out.shape) < 2:
         return False

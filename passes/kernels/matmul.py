@@ -279,8 +279,9 @@ class _Emitter:
 
     def keep_on_chip(self) -> Tile | None:
         """The SBUF tile the result stays in for the next kernel, when every output tile lies within one
-        128-row block of it; tile.py registers it in the program's `kept`, so the consumer reads it there. With N on the partitions (the next matmul's contraction operand) it is
-        [128, N / 128, M], the feature-major result; with M on the partitions (a row-wise kernel's rows)
+        128-row block of it; tile.py registers it in the program's `kept`, so the consumer reads it there.
+        With N on the partitions (the next matmul's contraction operand) it is [128, N / 128, M], the
+        feature-major result; with M on the partitions (a row-wise kernel's rows)
         [128, M / 128, N]. Either way row r of the stored [R, C] tensor is on partition r % 128, block r // 128."""
         gemm, plan = self.gemm, self.plan
         if math.prod(gemm.batch) != 1:
