@@ -36,7 +36,7 @@ def _tile_bytes(t: Tile) -> tuple[int, int]:
     return t.offset + lo * t.dtype.itemsize, t.offset + (hi + 1) * t.dtype.itemsize
 
 
-class _Rows:
+class _OpcodeRows:
     """Per (opcode, allowed engines): the row, its AP fields, and the memories every allowed engine reaches
     for each of them (computed once: a program repeats a few hundred signatures)."""
 
@@ -54,7 +54,7 @@ class _Rows:
         return self.cache[key]
 
 
-def _operand_problems(tp: TileProgram, declared: set, rows: _Rows, ins: TileInstr) -> list[str]:
+def _operand_problems(tp: TileProgram, declared: set, rows: _OpcodeRows, ins: TileInstr) -> list[str]:
     spec, aps, reach = rows.get(ins)
     if spec is None:
         return [f"unknown opcode {ins.opcode!r}"]
@@ -117,7 +117,7 @@ def _shape_problems(aps, ins: TileInstr) -> list[str]:
             for name, shape in data[1:] if shape != data[0][1]]
 
 
-def _order_problems(tp: TileProgram, rows: _Rows) -> list[tuple[int, str]]:
+def _order_problems(tp: TileProgram, rows: _OpcodeRows) -> list[tuple[int, str]]:
     """Reads of a buffer that no earlier instruction wrote."""
     written: set[Buffer] = set()
     problems = []
@@ -175,7 +175,7 @@ def _kernel_problems(graph: ir.Graph, what: str, buf: Buffer, users: set) -> lis
 
 def check_tiles(tp: TileProgram, graph: ir.Graph | None = None, instructions: list | None = None) -> list[str]:
     """Every broken rule of the tile program, as text (see the module docstring)."""
-    declared, rows = set(tp.buffers), _Rows()
+    declared, rows = set(tp.buffers), _OpcodeRows()
     found = [f"{i} [{ins.kernel}] {ins.text()}: {p}" for i, ins in enumerate(tp.instrs)
              for p in _operand_problems(tp, declared, rows, ins)]
     found += [f"{i} [{tp.instrs[i].kernel}] {tp.instrs[i].text()}: {p}" for i, p in _order_problems(tp, rows)]
