@@ -332,3 +332,33 @@ def test_float64_is_computed_in_float64_or_not_on_the_device():
     y = torch.randn(3, 8)
     for via in ("api", "backend"):
         assert_like_eager(run(Float64Table(), (y,), via), Float64Table()(y))
+
+
+class _LinearBesideAMatmul(nn.Module):
+    """The fuzzer (seed 202000381, bf16): a linear with a bias and a matmul without one, both of x."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor):
+        super().__init__()
+        self.w1, self.w2, self.b2 = nn.Parameter(w1), nn.Parameter(w2), nn.Parameter(b2)
+
+    def forward(self, x):
+        return (x @ self.w1).sum(0), F.linear(x, self.w2, self.b2)   # a matmul that is an output would not merge
+
+
+def test_a_bias_is_added_before_the_bf16_rounding_when_sibling_matmuls_merge():
+    """merge-matmuls merged the two and left the bias an add after the merged matmul: at auto_cast="all" the dot
+    product went to bf16 before its bias was added. The bias here cancels row 0's dot products to about 0.01, so
+    that rounding (up to 2^-9 of a dot of about 4) was 10% of the result. Bound: with the operands in bf16 as
+    auto_cast rounds them, the fp32 accumulation (49 terms: 49 * 2^-24 of the terms' magnitudes) and one final
+    rounding to bf16 (2^-8 of the result)."""
+    x, w1, w2 = torch.randn(69, 49), torch.randn(49, 61), torch.randn(512, 49)
+    b16 = lambda t: t.to(torch.bfloat16).double()
+    dots = b16(x)[0] @ b16(w2).T
+    b2 = (-dots + 0.01 * torch.randn(512, dtype=torch.float64)).float()
+    model = _LinearBesideAMatmul(w1, w2, b2)
+    with torch.no_grad():
+        _, got = trnc.compile(model, (x,), precision="bf16", auto_cast="all", cache=False)(x)
+    want = b16(x) @ b16(w2).T + b16(b2)
+    terms = b16(x).abs() @ b16(w2).abs().T + b16(b2).abs()
+    bound = 2.0 ** -8 * want.abs() + 49 * 2.0 ** -24 * terms + 2.0 ** -126
+    assert (got.double() - want).abs().le(bound).all()

@@ -91,15 +91,15 @@ def test_matmuls_of_different_inputs_stay_apart():
     assert sorted(m.inputs[0].name for m in matmuls(state)) == ["x", "y"]
 
 
-def test_the_bias_merges_only_when_every_sibling_adds_one():
-    """Without k's bias the weights still merge, and q's and v's biases are added to their slices."""
+def test_siblings_merge_with_their_biases_or_without_any():
+    """q and v add biases and merge, their biases concatenated into one add on the merged matmul; k, the only one
+    without, stays alone. Merging all three left q's and v's biases as adds after the merged matmul, after the
+    rounding of its result (to bf16 at auto_cast="all": tests/test_wrong_answers.py, the fuzzer's seed 202000381)."""
     state = merged(Projections(bias=(True, False, True)), torch.randn(8, 32))
-    (mm,) = matmuls(state)
-    assert mm.shape == (8, 56)
-    users = [n for n in state.graph.nodes if mm in n.inputs]
-    assert {n.op for n in users} == {"slice"} and len(users) == 3
-    adds = [n for n in state.graph.nodes if n.op == "binary" and n.attrs["op"] == "add" and n.inputs[0] in users]
-    assert sorted(a.shape[-1] for a in adds) == [16, 24]
+    assert sorted(m.shape[-1] for m in matmuls(state)) == [16, 40]
+    (mm,) = [m for m in matmuls(state) if m.shape[-1] == 40]
+    (add,) = [n for n in state.graph.nodes if mm in n.inputs]
+    assert add.op == "binary" and add.attrs["op"] == "add" and add.shape == (8, 40)
 
 
 def test_a_sibling_that_is_a_model_output_stays_apart():
