@@ -72,7 +72,7 @@ def main() -> None:
         goal = GOAL.get((m, k, n, dt))
         verdict = "" if goal is None else f">= {goal:.2f}: {'met' if report.efficiency >= goal else 'NOT met'}"
         print(f"{f'{m} x {k} x {n}':>18} {dt:>5} {report.instructions:>7} {report.total_seconds * 1e6:>11.1f} "
-              f"{report.roofline_seconds * 1e6:>11.1f} {report.efficiency:>6.3f} {util['pe']:>6.1%} "
+              f"{report.roofline.seconds * 1e6:>11.1f} {report.efficiency:>6.3f} {util['pe']:>6.1%} "
               f"{util['act']:>6.1%} {util['dve']:>6.1%} {util['pool']:>6.1%} {sum(dma) / 16:>6.1%} "
               f"{sum(report.dma_bytes.values()) / 1e6:>8.1f} {seconds:>7.1f}  {verdict}")
 

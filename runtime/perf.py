@@ -93,15 +93,14 @@ def _measure(ins: Instruction, queue: int, hw: HwConfig, tick_of: dict[str, int]
         # dst is [M, N]; stationary holds K * M elements, K counting double-row pairs and MX row groups.
         macs = dst.num_elements * (st.num_elements // dst.partitions)
         mx = ins.opcode == "matmul_mx"
-        peak = macs / hw.macs_per_cycle(st.dtype, double_row=not mx and ins["double_row"], mx=mx)
+        peak = cost.peak_pe_cycles(macs, st.dtype, hw, double_row=not mx and ins["double_row"], mx=mx)
     elif ins.opcode == "transpose":
         src = ins["src"]
         transpose_macs = src.partitions * src.num_elements
     elif ins.engine is Engine.DMA:
         src = ins["table"] if ins.opcode == "dma_gather" else ins["src"]
-        dst = ins["dst"]
-        direction = _DIRECTION[src.mem, dst.mem]
-        dma_bytes = dst.num_bytes if ins.opcode == "dma_gather" else max(dst.num_bytes, src.num_bytes)
+        direction = _DIRECTION[src.mem, ins["dst"].mem]
+        dma_bytes = cost.dma_bytes(ins)
     tops = {Mem.SBUF: 0, Mem.PSUM: 0, Mem.HBM: 0}
     for _, ap, _ in ins.operands():
         tops[ap.mem] = max(tops[ap.mem], ap.byte_range()[1])
@@ -269,8 +268,8 @@ class QueueStats:
 class PerfReport:
     """The counters of one replay. `queues` holds the four compute engines and the DMA queues in use.
 
-    Roofline: the larger of TensorE time for the MACs at the dtype's peak rate and HBM time for the
-    compulsory bytes (the INPUT, CONST and OUTPUT tensors); efficiency = roofline / modeled time.
+    Roofline (isa/cost.py): the larger of TensorE time for the executed MACs at the dtype's peak rate and HBM
+    time for the compulsory bytes (the INPUT, CONST and OUTPUT tensors); efficiency = roofline / modeled time.
     """
 
     target: str
@@ -286,8 +285,7 @@ class PerfReport:
     sbuf_high_water: int                   # bytes per partition (footprint)
     psum_high_water: int
     compulsory_bytes: int
-    roofline_pe_seconds: float
-    roofline_hbm_seconds: float
+    roofline: cost.Roofline
     timeline: Timeline = field(repr=False, compare=False)
 
     @property
@@ -299,13 +297,9 @@ class PerfReport:
         return self.total_ticks / self.ticks_per_cycle[clock]
 
     @property
-    def roofline_seconds(self) -> float:
-        return max(self.roofline_pe_seconds, self.roofline_hbm_seconds)
-
-    @property
     def efficiency(self) -> float:
         """Roofline time over modeled time (0 for an empty program)."""
-        return self.roofline_seconds / self.total_seconds if self.total_ticks else 0.0
+        return self.roofline.efficiency(self.total_seconds)
 
     def to_dict(self) -> dict:
         """The counters as one flat JSON-able dict, named `<engine>.<quantity>` with units."""
@@ -323,8 +317,8 @@ class PerfReport:
         out.update({f"dma.{d.replace('->', '_to_')}_bytes": b for d, b in self.dma_bytes.items()})
         out.update({"pe.macs": self.macs, "pe.transpose_macs": self.transpose_macs,
                     "sbuf.high_water_bytes": self.sbuf_high_water, "psum.high_water_bytes": self.psum_high_water,
-                    "roofline.compulsory_bytes": self.compulsory_bytes, "roofline.pe_seconds": self.roofline_pe_seconds,
-                    "roofline.hbm_seconds": self.roofline_hbm_seconds, "roofline.seconds": self.roofline_seconds,
+                    "roofline.compulsory_bytes": self.compulsory_bytes, "roofline.pe_seconds": self.roofline.pe_seconds,
+                    "roofline.hbm_seconds": self.roofline.hbm_seconds, "roofline.seconds": self.roofline.seconds,
                     "roofline.efficiency": self.efficiency})
         out.update({f"opcode.{op}": n for op, n in self.opcode_counts.items()})
         return out
@@ -344,8 +338,9 @@ class PerfReport:
         lines.append(f"pe macs {self.macs} (transpose {self.transpose_macs}); high water per partition: "
                      f"sbuf {self.sbuf_high_water} B, psum {self.psum_high_water} B")
         lines.append("opcodes: " + ", ".join(f"{op} {n}" for op, n in sorted(self.opcode_counts.items())))
-        lines.append(f"roofline {self.roofline_seconds * us:.3f} us (pe {self.roofline_pe_seconds * us:.3f} us, "
-                     f"hbm {self.roofline_hbm_seconds * us:.3f} us for {self.compulsory_bytes} B); "
+        roofline = self.roofline
+        lines.append(f"roofline {roofline.seconds * us:.3f} us (pe {roofline.pe_seconds * us:.3f} us, "
+                     f"hbm {roofline.hbm_seconds * us:.3f} us for {self.compulsory_bytes} B); "
                      f"efficiency {self.efficiency:.1%}")
         return "\n".join(lines)
 
@@ -423,4 +418,4 @@ def _report(program, hw, tps, tick_of, signatures, counts, total, stall_dma, sta
     compulsory = sum(t.num_bytes for t in program.tensors if t.kind in _COMPULSORY)
     return PerfReport(hw.name, len(program.instructions), tps, dict(tick_of), total, queues, opcodes,
                       dict(zip(DIRECTIONS, dma_bytes)), macs, transpose_macs, sbuf_top, psum_top, compulsory,
-                      peak_pe_cycles / hw.clock_hz["pe"], compulsory / hw.hbm_bytes_per_s, timeline)
+                      cost.Roofline.of(peak_pe_cycles, compulsory, hw), timeline)

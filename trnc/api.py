@@ -26,6 +26,7 @@ from trnc.isa.dtypes import DType
 from trnc.isa.program import Program, TensorKind
 from trnc.log import get_logger
 from trnc.options import Options
+from trnc.passes import roofline
 from trnc.passes.pipeline import CompileState, PassProgress, print_after_names, run_pipeline
 from trnc.progress import Progress
 from trnc.runtime import perf, reference
@@ -106,7 +107,8 @@ def _run_passes(graph, info, options: Options, progress: Progress, times: dict[s
 
     def model() -> CompiledModel:
         compiled = CompiledModel(state.program, state.tiles.constants, info, options)
-        compiled.stats.update(compiled_stats(state, compiled.perf))
+        compiled.stats.update(roofline.compiled_stats(state.graph, state.hw, compiled.perf,
+                                                      state.stats.get("allocate", {})))
         return compiled
     return _step(progress, times, "perf-model", model)
 
@@ -116,37 +118,6 @@ def _log_compile(model, options: Options, stats: dict) -> None:
         "compiled %s (precision=%s auto_cast=%s target=%s): cache %s, %.2f s, %d instructions, modeled %.2f us",
         type(model).__name__, options.precision, options.auto_cast, options.target, stats["cache"],
         stats["compile_seconds"], stats["instructions"], stats["seconds"] * 1e6)
-
-
-def model_pe_seconds(graph, hw) -> tuple[int, float]:
-    """MACs the model asks for (its matmuls and attentions, as eager computes them) and their TensorE time
-    at the peak rate of each kernel's operand dtype: the compute side of the model's roofline, which,
-    unlike the executed MACs the performance model counts, no extra work of a kernel plan can inflate."""
-    macs, seconds = 0, 0.0
-    for k in graph.kernels:
-        n = k.nodes[0]
-        if k.kind == "matmul":
-            work = int(np.prod(n.shape, dtype=np.int64)) * n.inputs[0].shape[-1]
-        elif k.kind == "attention":
-            q, key, v = (i.shape for i in n.inputs[:3])
-            work = int(np.prod(q[:-1], dtype=np.int64)) * key[-2] * (q[-1] + v[-1])
-        else:
-            continue
-        macs += work
-        rate = hw.macs_per_cycle(k.compute_dtype or DType.FP32) * hw.clock_hz["pe"]
-        seconds += work / rate
-    return macs, seconds
-
-
-def compiled_stats(state: CompileState, report) -> dict:
-    """Compile-side stats, and the efficiency against the model's roofline (not the executed MACs')."""
-    alloc = state.stats.get("allocate", {})
-    macs, pe_seconds = model_pe_seconds(state.graph, state.hw)
-    roofline = max(pe_seconds, report.roofline_hbm_seconds)
-    return {"sbuf_peak_bytes": alloc.get("sbuf_peak_bytes", 0), "psum_peak_bytes": alloc.get("psum_peak_bytes", 0),
-            "kernels": len(state.graph.kernels or ()), "model_macs": macs,
-            "roofline_seconds": roofline, "roofline_cycles": roofline * state.hw.clock_hz["pe"],
-            "efficiency": roofline / report.total_seconds if report.total_ticks else 0.0}
 
 
 class CompiledModel:
@@ -172,18 +143,7 @@ class CompiledModel:
         return self._perf
 
     def _perf_stats(self) -> dict:
-        report = self.perf
-        pe_hz = get_target(self.program.target).clock_hz["pe"]
-        busy = {name: q.busy_cycles / q.clock_hz for name, q in report.queues.items()}
-        engine_busy = {e: busy.get(e, 0.0) for e in ("pe", "act", "dve", "pool")}
-        engine_busy["dma"] = sum(v for k, v in busy.items() if k.startswith("dma"))
-        return {"cycles": report.total_cycles("pe"), "seconds": report.total_seconds,
-                "roofline_cycles": report.roofline_seconds * pe_hz, "roofline_seconds": report.roofline_seconds,
-                "efficiency": report.efficiency, "executed_macs_efficiency": report.efficiency,
-                "engine_busy": engine_busy,
-                "engine_utilization": {n: q.utilization for n, q in report.queues.items()},
-                "dma_bytes": sum(report.dma_bytes.values()), "instructions": report.instructions,
-                "macs": report.macs}
+        return roofline.program_stats(self.perf, get_target(self.program.target))
 
     # -- calling ---------------------------------------------------------------------------------------
     def _feed(self, args, kwargs) -> dict[str, np.ndarray]:

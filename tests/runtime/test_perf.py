@@ -161,9 +161,9 @@ def test_gemm_counters_and_roofline():
     # ceil(600 + 262144 / 23) = 11998 ns.
     assert r.total_ticks == 6299 * NS + 2 * MM + AC + 11998 * NS == 459608
     assert r.compulsory_bytes == 256 * 128 * 2 + 256 * 512 * 2 + 128 * 512 * 4 == 589824
-    assert r.roofline_pe_seconds == pytest.approx(16777216 / 16384 / 2.4e9, rel=1e-12)   # 1024 cycles
-    assert r.roofline_hbm_seconds == pytest.approx(589824 / 375e9, rel=1e-12)           # 3 TB/s / 8 cores
-    assert r.roofline_seconds == r.roofline_hbm_seconds
+    assert r.roofline.pe_seconds == pytest.approx(16777216 / 16384 / 2.4e9, rel=1e-12)   # 1024 cycles
+    assert r.roofline.hbm_seconds == pytest.approx(589824 / 375e9, rel=1e-12)           # 3 TB/s / 8 cores
+    assert r.roofline.seconds == r.roofline.hbm_seconds
     assert r.efficiency == pytest.approx((589824 / 375e9) / (459608 / 24e9), rel=1e-12)  # 8.2 %
 
 
@@ -198,8 +198,8 @@ pe    matmul dst=psum[0:128]+2048:fp32[1,512] stationary=sbuf[0:128]+4096:fp8_e4
     # fp8 double-row: K = 2 x 128, 256 x 128 x 512 MACs at 2 x 16384 per cycle = 512 cycles.
     assert r.macs == 128 * 128 * 512 + 256 * 128 * 512
     assert r.total_ticks == (2048 + 512) * PE
-    assert r.roofline_pe_seconds == pytest.approx(2560 / 2.4e9, rel=1e-12)
-    assert (r.compulsory_bytes, r.roofline_hbm_seconds) == (0, 0.0)
+    assert r.roofline.pe_seconds == pytest.approx(2560 / 2.4e9, rel=1e-12)
+    assert (r.compulsory_bytes, r.roofline.hbm_seconds) == (0, 0.0)
     assert r.efficiency == pytest.approx(1.0, rel=1e-12)
     assert r.sbuf_high_water == 8192 + 1024
 
