@@ -398,13 +398,16 @@ def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
 
 def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
     """a @ b as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise chain,
-    which fuses into one kernel whose partial sums stay fp32, so it computes what TensorE does (each product
-    rounded once in fp32, exact for bf16 operands, accumulated over k = 0..K-1 in fp32)."""
+    whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
+    PSUM, and rounds their operands to the matmul's operand dtype), so it computes what TensorE does (each
+    product exact in fp32 for bf16 operands, accumulated over k = 0..K-1 in fp32) even where fusion splits the
+    chain (the fuser follows one producer)."""
     rows = len(b.shape) - 2
     total = None
     for k in range(a.shape[-1]):
-        term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32)
-        total = term if total is None else rw.binary("add", total, term, DType.FP32)
+        term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32,
+                         keep_fp32=True)
+        total = term if total is None else rw.binary("add", total, term, DType.FP32, keep_fp32=True)
     return rw.cast(total, dtype)
 
 

@@ -4,7 +4,9 @@
 low-precision type (`precision`, e.g. bf16) and stores the constant weights that only feed them
 in it (half the HBM bytes); "all" also stores every floating intermediate value in it. Softmax,
 norms and reductions always accumulate in fp32 (the engines compute in fp32; only storage
-narrows), and the model's inputs and outputs keep their dtypes. trnc/options.py checks the values.
+narrows), and the model's inputs and outputs keep their dtypes, as do nodes marked `keep_fp32` (the
+partial sums of a matmul legalize writes as outer products, which TensorE would keep in PSUM).
+trnc/options.py checks the values.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
     stats = {"consts_narrowed": 0, "values_narrowed": 0}
     if not narrow:
         return stats
+    _round_outer_product_operands(graph, low)
     users = graph.users()
     keep = set(graph.outputs) | set(graph.inputs)
     for out in graph.outputs:   # the views an output is made of keep its dtype, so no kernel re-reads to widen
@@ -38,7 +41,7 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
             keep.add(n)
     kernel_nodes = {n for k in graph.kernels for n in k.nodes}
     for n in graph.nodes:
-        if n in keep or not n.dtype.is_float or n.dtype is low:
+        if n in keep or not n.dtype.is_float or n.dtype is low or n.attrs.get("keep_fp32"):
             continue
         if n.op == "const":
             only_contract = all(u in kernel_nodes and u.op in ("matmul", "attention") for u in users[n])
@@ -51,6 +54,18 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
             n.dtype = low
             stats["values_narrowed"] += 1
     return stats
+
+
+def _round_outer_product_operands(graph: ir.Graph, low: DType) -> None:
+    """A tiny matmul that legalize wrote as outer products (its `keep_fp32` products) gets its operands rounded
+    to `low` by a cast in the product's kernel, as TensorE's operands are: an operand's own label says nothing,
+    since a view of a model input that keeps fp32 is labelled `low` under auto_cast="all" but reads fp32."""
+    for k in graph.kernels:
+        for n in [n for n in k.nodes if n.attrs.get("keep_fp32") and n.attrs.get("op") == "mul"]:
+            casts = [ir.Node("cast", (i,), i.shape, low, source=n.source) for i in n.inputs]
+            graph.nodes[graph.nodes.index(n):graph.nodes.index(n)] = casts
+            k.nodes[k.nodes.index(n):k.nodes.index(n)] = casts
+            n.inputs = tuple(casts)
 
 
 @dataclass(frozen=True)

@@ -362,3 +362,27 @@ def test_a_bias_is_added_before_the_bf16_rounding_when_sibling_matmuls_merge():
     terms = b16(x).abs() @ b16(w2).abs().T + b16(b2).abs()
     bound = 2.0 ** -8 * want.abs() + 49 * 2.0 ** -24 * terms + 2.0 ** -126
     assert (got.double() - want).abs().le(bound).all()
+
+
+class _Bmm(nn.Module):
+    def forward(self, x, y):
+        return torch.bmm(x, y)
+
+
+@pytest.mark.parametrize("shapes", [((128, 2, 2), (128, 2, 2)), ((511, 1, 6), (511, 6, 7)), ((128, 1, 3), (128, 3, 5))],
+                         ids=str)
+def test_tiny_batched_matmuls_at_bf16_compute_what_tensore_does(shapes):
+    """The fuzzer (seeds 202001784, 202004690, 202009892, 202009666, 202005522 at bf16): a batch of tiny matmuls,
+    which legalize writes as outer products on the vector engines, rounded each product to bf16 at
+    auto_cast="all" (fusion split the chain, and precision narrowed the partial sums stored between its kernels),
+    and kept the model's fp32 inputs unrounded as operands. TensorE rounds the operands to bf16 and accumulates
+    their products in fp32, exactly (a product of two bf16 values is exact in fp32), in order over k: so does
+    this, bit for bit."""
+    x, y = torch.randn(*shapes[0]), torch.randn(*shapes[1])
+    with torch.no_grad():
+        got = trnc.compile(_Bmm(), (x, y), precision="bf16", auto_cast="all", cache=False)(x, y)
+    xb, yb = x.bfloat16().float(), y.bfloat16().float()
+    want = xb[..., :, :1] * yb[..., :1, :]
+    for k in range(1, x.shape[-1]):
+        want = want + xb[..., :, k:k + 1] * yb[..., k:k + 1, :]
+    assert got.dtype == torch.float32 and torch.equal(got, want)
