@@ -1,7 +1,8 @@
 """legalize: Core ATen nodes (from trnc/capture.py) to the trnc op set of ir.py, the first graph pass.
 
 Each aten node is rewritten by its rule in `pm_legalize` (passes/legalize_rules.py), keyed by the
-aten op name; a rule reads the node's arguments bound by name to the op's schema and builds trnc
+aten op name; a rule reads the node's arguments bound by name to the op's schema (torch.fx's
+normalize_function, which calls the schema's `self` `input`) and builds trnc
 nodes with the Rewriter's helpers, which skip no-ops (a reshape to the same shape, a cast to the
 same dtype) so views and copies that change nothing cost nothing. An aten node whose tensor
 inputs are all constants is computed now with torch itself (exactly as eager would: masks, position
@@ -21,10 +22,11 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.operator_schemas import normalize_function
 
 from trnc import ir
 from trnc.dtypes import array_of, tensor_of
-from trnc.errors import UnsupportedOpError
+from trnc.errors import TrncError, UnsupportedOpError
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.passes.fold import too_big_to_fold
@@ -195,18 +197,15 @@ class Rewriter:
 
 
 def bind(node: ir.Node, values: list) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in, tensors replaced by their legalized values."""
-    args, kwargs = node.attrs["args"], node.attrs["kwargs"]
-    bound = {}
-    for i, a in enumerate(overload(node.op)._schema.arguments):
-        if i < len(args):
-            v = args[i]
-        elif a.name in kwargs:
-            v = kwargs[a.name]
-        else:
-            v = a.default_value if a.has_default_value() else None
-        bound[a.name] = pytree.tree_map(lambda x: values[x.index] if isinstance(x, TensorArg) else x, v)
-    return bound
+    """The node's arguments by schema name, defaults filled in, tensors replaced by their legalized values.
+
+    torch.fx's normalize_function binds them; it names the schema's `self` argument `input`, as torch's Python
+    functions do."""
+    bound = normalize_function(overload(node.op), tuple(node.attrs["args"]), node.attrs["kwargs"],
+                               normalize_to_only_use_kwargs=True)
+    if bound is None:
+        raise TrncError(f"internal error: the arguments of {node.op} do not fit its schema{node.where()}")
+    return pytree.tree_map(lambda x: values[x.index] if isinstance(x, TensorArg) else x, bound.kwargs)
 
 
 def _evaluate(rw: Rewriter, node: ir.Node, values: list[ir.Node]):

@@ -2,8 +2,9 @@
 
 A rule is `rule(rw, node, a)`: `rw` the Rewriter (its helpers build trnc nodes and skip no-ops),
 `node` the aten node (its shape and dtype are the result torch computed), `a` the arguments bound
-by schema name. It returns the value: a node, an input node reused (views that change nothing,
-clone, dropout in eval), a list for multi-output ops, or None for ops without a result (asserts).
+by schema name (the schema's `self` is `input`, as torch.fx names it). It returns the value: a node,
+an input node reused (views that change nothing, clone, dropout in eval), a list for multi-output
+ops, or None for ops without a result (asserts).
 The rules follow the attr conventions of docs/ir.md, which the kernels rely on.
 """
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _dims(dims, rank: int) -> tuple[int, ...]:
 UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log", "sqrt": "sqrt",
          "rsqrt": "rsqrt", "reciprocal": "reciprocal", "abs": "abs", "neg": "neg", "silu": "silu", "square": "square"}
 for _name, _func in UNARY.items():
-    pm_legalize[f"aten.{_name}.default"] = lambda rw, n, a, func=_func: rw.unary(a["self"], func)
+    pm_legalize[f"aten.{_name}.default"] = lambda rw, n, a, func=_func: rw.unary(a["input"], func)
 
 pm_whole.add("aten.silu.default")   # one ScalarE function; torch's table spells it x * sigmoid(x)
 
@@ -75,7 +76,7 @@ pm_whole.add("aten.silu.default")   # one ScalarE function; torch's table spells
 def _gelu(rw: Rewriter, n, a):
     if a["approximate"] not in ("none", "tanh"):
         rw.fail(f"with approximate={a['approximate']!r} is not supported; use 'none' or 'tanh'")
-    return rw.unary(a["self"], "gelu" if a["approximate"] == "none" else "gelu_tanh")
+    return rw.unary(a["input"], "gelu" if a["approximate"] == "none" else "gelu_tanh")
 
 
 @rule("aten.sin.default", "aten.cos.default", "aten.tan.default", "aten.erf.default")
@@ -93,10 +94,10 @@ def _arith(op: str):
         other = a["other"]
         alpha = a.get("alpha", 1)
         if all(d is torch.bool for d in rw.arg_dtypes) and op in BOOL_ARITH and n.dtype is DType.UINT8:
-            return rw.arith(BOOL_ARITH[op], a["self"], other)
+            return rw.arith(BOOL_ARITH[op], a["input"], other)
         if alpha is not None and alpha != 1:
             other = rw.scalar(other, "mul", alpha) if isinstance(other, ir.Node) else other * alpha
-        return rw.arith(op, a["self"], other)
+        return rw.arith(op, a["input"], other)
     return lower
 
 
@@ -111,12 +112,12 @@ for _aten, _op in (("maximum", "max"), ("minimum", "min"), ("logical_and", "and"
 def _div_mode(rw: Rewriter, n, a):
     if a["rounding_mode"] is not None:
         rw.fail(f"with rounding_mode={a['rounding_mode']!r} is not supported; trnc divides exactly")
-    return rw.arith("div", a["self"], a["other"])
+    return rw.arith("div", a["input"], a["other"])
 
 
 @rule("aten.rsub.Tensor", "aten.rsub.Scalar")
 def _rsub(rw: Rewriter, n, a):
-    x = a["self"] if a["alpha"] == 1 else rw.scalar(a["self"], "mul", a["alpha"])
+    x = a["input"] if a["alpha"] == 1 else rw.scalar(a["input"], "mul", a["alpha"])
     return rw.arith("sub", a["other"], x)
 
 
@@ -125,14 +126,14 @@ def _rsub(rw: Rewriter, n, a):
 def _bitwise(rw: Rewriter, n, a):
     if any(d is not torch.bool for d in rw.arg_dtypes) or not all(isinstance(v, (ir.Node, bool)) for v in a.values()):
         rw.fail("is supported on bool tensors only")
-    return rw.arith(n.op.split(".")[1].split("_")[1], a["self"], a["other"])
+    return rw.arith(n.op.split(".")[1].split("_")[1], a["input"], a["other"])
 
 
 @rule("aten.logical_not.default", "aten.bitwise_not.default")
 def _not(rw: Rewriter, n, a):
     if n.op == "aten.bitwise_not.default" and rw.arg_dtypes[0] is not torch.bool:
         rw.fail("is supported on bool tensors only")
-    return rw.scalar(a["self"], "eq", 0)
+    return rw.scalar(a["input"], "eq", 0)
 
 
 POW_FUNCS = {2: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
@@ -140,7 +141,7 @@ POW_FUNCS = {2: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
 
 @rule("aten.pow.Tensor_Scalar")
 def _pow_scalar(rw: Rewriter, n, a):
-    x, e = a["self"], a["exponent"]
+    x, e = a["input"], a["exponent"]
     if e == 1:
         return rw.cast(x, n.dtype)
     if e == 0:
@@ -152,12 +153,12 @@ def _pow_scalar(rw: Rewriter, n, a):
 
 @rule("aten.pow.Tensor_Tensor")
 def _pow_tensor(rw: Rewriter, n, a):
-    return rw.binary("pow", a["self"], a["exponent"])
+    return rw.binary("pow", a["input"], a["exponent"])
 
 
 @rule("aten.pow.Scalar")
 def _pow_base(rw: Rewriter, n, a):
-    return rw.scalar(a["exponent"], "pow", a["self"], reverse=True)
+    return rw.scalar(a["exponent"], "pow", a["input"], reverse=True)
 
 
 def _clamp(rw: Rewriter, x, low, high):
@@ -169,22 +170,22 @@ def _clamp(rw: Rewriter, x, low, high):
 
 @rule("aten.clamp.default", "aten.clamp.Tensor")
 def _clamp_rule(rw: Rewriter, n, a):
-    return _clamp(rw, a["self"], a["min"], a["max"])
+    return _clamp(rw, a["input"], a["min"], a["max"])
 
 
 @rule("aten.clamp_min.default", "aten.clamp_min.Tensor")
 def _clamp_min(rw: Rewriter, n, a):
-    return _clamp(rw, a["self"], a["min"], None)
+    return _clamp(rw, a["input"], a["min"], None)
 
 
 @rule("aten.clamp_max.default", "aten.clamp_max.Tensor")
 def _clamp_max(rw: Rewriter, n, a):
-    return _clamp(rw, a["self"], None, a["max"])
+    return _clamp(rw, a["input"], None, a["max"])
 
 
 @rule("aten.hardtanh.default")
 def _hardtanh(rw: Rewriter, n, a):
-    return _clamp(rw, a["self"], a["min_val"], a["max_val"])
+    return _clamp(rw, a["input"], a["min_val"], a["max_val"])
 
 
 def _tensor(rw: Rewriter, v, dtype: DType) -> ir.Node:
@@ -193,19 +194,19 @@ def _tensor(rw: Rewriter, v, dtype: DType) -> ir.Node:
 
 @rule("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
 def _where(rw: Rewriter, n, a):
-    return rw.where(a["condition"], _tensor(rw, a["self"], n.dtype), _tensor(rw, a["other"], n.dtype))
+    return rw.where(a["condition"], _tensor(rw, a["input"], n.dtype), _tensor(rw, a["other"], n.dtype))
 
 
 @rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def _masked_fill(rw: Rewriter, n, a):
-    return rw.where(a["mask"], _tensor(rw, a["value"], n.dtype), a["self"])
+    return rw.where(a["mask"], _tensor(rw, a["value"], n.dtype), a["input"])
 
 
 # -- dtypes and identities ---------------------------------------------------------------------------------
 @rule("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
       "aten.type_as.default")
 def _convert(rw: Rewriter, n, a):
-    x, source = a["self"], rw.arg_dtypes[0]
+    x, source = a["input"], rw.arg_dtypes[0]
     target = a.get("dtype")
     if "other" in a:
         target = rw.arg_dtypes[1]
@@ -222,7 +223,7 @@ def _convert(rw: Rewriter, n, a):
 @rule("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default",
       "aten.contiguous.default")
 def _identity(rw: Rewriter, n, a):
-    return a["self"]
+    return a["input"]
 
 
 @rule("aten.dropout.default", "aten.native_dropout.default")
@@ -284,26 +285,26 @@ def _correction(a) -> float:
 
 @rule("aten.sum.dim_IntList", "aten.sum.default")
 def _sum(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     return rw.reduce(x, "sum", _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False))
 
 
 @rule("aten.mean.dim", "aten.mean.default")
 def _mean_rule(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     return _mean(rw, x, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype)
 
 
 @rule("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
 def _extreme(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     op = "max" if n.op.split(".")[1] in ("amax", "max") else "min"
     return rw.reduce(x, op, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False))
 
 
 @rule("aten.max.dim", "aten.min.dim")
 def _extreme_dim(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     (shape, dtype) = n.attrs["outputs"][0]
     values = rw.reduce(x, n.op.split(".")[1], _dims(a["dim"], len(x.shape)), a["keepdim"], dtype)
     return [values, Unusable("indices")]
@@ -312,21 +313,21 @@ def _extreme_dim(rw: Rewriter, n, a):
 @rule("aten.var.correction", "aten.var.dim", "aten.var.default", "aten.std.correction", "aten.std.dim",
       "aten.std.default")
 def _var_rule(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     var = _var(rw, x, _dims(a.get("dim"), len(x.shape)), _correction(a), a.get("keepdim", False), _acc(n.dtype))
     return rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype)
 
 
 @rule("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
 def _var_mean(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     axes, keepdim = _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False)
     return [_var(rw, x, axes, _correction(a), keepdim, n.dtype), _mean(rw, x, axes, keepdim, n.dtype)]
 
 
 @rule("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")
 def _any_all(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     if rw.arg_dtypes[0] is not torch.bool:
         x = rw.scalar(x, "ne", 0)
     op = "max" if n.op.startswith("aten.any") else "min"
@@ -350,7 +351,7 @@ def _last_axis(rw: Rewriter, x, dim: int, build):
 @rule("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int", whole=True)
 def _softmax(rw: Rewriter, n, a):
     op = "log_softmax" if "log_softmax" in n.op else "softmax"
-    return _last_axis(rw, a["self"], a["dim"], lambda x: rw.emit(op, (x,), x.shape, n.dtype))
+    return _last_axis(rw, a["input"], a["dim"], lambda x: rw.emit(op, (x,), x.shape, n.dtype))
 
 
 def _layer_norm(rw: Rewriter, n, a, dtype: DType):
@@ -424,13 +425,13 @@ def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:
 
 @rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
 def _mm(rw: Rewriter, n, a):
-    return _matmul(rw, a["self"], a.get("mat2", a.get("other", a.get("vec"))), n.dtype)
+    return _matmul(rw, a["input"], a.get("mat2", a.get("other", a.get("vec"))), n.dtype)
 
 
 @rule("aten.addmm.default", "aten.baddbmm.default")
 def _addmm(rw: Rewriter, n, a):
     x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
-    return _scaled_add(rw, _matmul(rw, x, y, n.dtype), a["self"], a["beta"], a["alpha"])
+    return _scaled_add(rw, _matmul(rw, x, y, n.dtype), a["input"], a["beta"], a["alpha"])
 
 
 @rule("aten.linear.default")
@@ -500,18 +501,18 @@ def _sdpa_flash(rw: Rewriter, n, a):
       "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default", "aten.flatten.using_ints",
       "aten.unflatten.int", "aten.view_as.default")
 def _reshape(rw: Rewriter, n, a):
-    return rw.reshape(a["self"], n.shape)
+    return rw.reshape(a["input"], n.shape)
 
 
 @rule("aten.permute.default")
 def _permute(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     return rw.permute(x, [_dim(d, len(x.shape)) for d in a["dims"]])
 
 
 @rule("aten.transpose.int", "aten.t.default")
 def _transpose(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     rank = len(x.shape)
     if rank < 2:
         return x
@@ -523,13 +524,13 @@ def _transpose(rw: Rewriter, n, a):
 
 @rule("aten.expand.default", "aten.expand_as.default")
 def _expand(rw: Rewriter, n, a):
-    return rw.expand(a["self"], n.shape)
+    return rw.expand(a["input"], n.shape)
 
 
 @rule("aten.repeat.default")
 def _repeat(rw: Rewriter, n, a):
     repeats = list(a["repeats"])
-    x = a["self"]
+    x = a["input"]
     shape = (1,) * (len(repeats) - len(x.shape)) + x.shape
     interleaved = rw.reshape(x, [d for s in shape for d in (1, s)])
     tiled = rw.expand(interleaved, [d for r, s in zip(repeats, shape) for d in (r, s)])
@@ -546,7 +547,7 @@ def _bound(v, size: int, default: int) -> int:
 
 @rule("aten.slice.Tensor")
 def _slice(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     dim = _dim(a["dim"], len(x.shape))
     size = x.shape[dim]
     start = _bound(a["start"], size, 0)
@@ -556,7 +557,7 @@ def _slice(rw: Rewriter, n, a):
 
 @rule("aten.select.int")
 def _select(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     dim = _dim(a["dim"], len(x.shape))
     index = a["index"] + x.shape[dim] if a["index"] < 0 else a["index"]
     return rw.reshape(rw.slice(x, dim, index, index + 1), n.shape)
@@ -564,7 +565,7 @@ def _select(rw: Rewriter, n, a):
 
 @rule("aten.narrow.default")
 def _narrow(rw: Rewriter, n, a):
-    x = a["input"] if "input" in a else a["self"]
+    x = a["input"]
     dim = _dim(a["dim"], len(x.shape))
     start = a["start"] + x.shape[dim] if a["start"] < 0 else a["start"]
     return rw.slice(x, dim, start, start + a["length"])
@@ -578,7 +579,7 @@ def _cat(rw: Rewriter, n, a):
 
 @rule("aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int")
 def _split(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     dim = _dim(a["dim"], len(x.shape))
     start, pieces = 0, []
     for shape, _ in n.attrs["outputs"]:
@@ -631,7 +632,7 @@ def _embedding(rw: Rewriter, n, a):
 
 @rule("aten.index_select.default")
 def _index_select(rw: Rewriter, n, a):
-    x = a["self"]
+    x = a["input"]
     if not x.shape:   # torch indexes a 0-d tensor as the one element of a 1-d one
         return rw.reshape(_take(rw, rw.reshape(x, (1,)), 0, a["index"]), n.shape)
     return _take(rw, x, _dim(a["dim"], len(x.shape)), a["index"])
@@ -640,7 +641,7 @@ def _index_select(rw: Rewriter, n, a):
 @rule("aten.index.Tensor")
 def _index(rw: Rewriter, n, a):
     """x[i0, i1, ...] with integer index tensors: the indexed dims merge into one, indexed by a flat index."""
-    x, indices = a["self"], list(a["indices"])
+    x, indices = a["input"], list(a["indices"])
     dims = [d for d, i in enumerate(indices) if i is not None]
     tensors = [indices[d] for d in dims]
     if any(rw.arg_dtypes[i] is torch.bool for i in range(len(rw.arg_dtypes)) if i > 0):

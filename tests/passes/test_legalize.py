@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from trnc import ir
-from trnc.capture import capture
+from trnc.capture import capture, decomposition_table
 from trnc.errors import UnsupportedOpError
 from trnc.interpret import run_graph
 from trnc.isa.dtypes import DType
@@ -32,9 +32,10 @@ class Fn(nn.Module):
         return self.fn(*xs)
 
 
-def front_end(model, args, kwargs=None):
-    """capture -> legalize -> fold, verifying the IR after each pass; returns (graph, info, legalize stats)."""
-    graph, info = capture(model, args, kwargs, decompose=True)
+def front_end(model, args, kwargs=None, decompose: bool | None = True):
+    """capture -> legalize -> fold, verifying the IR after each pass; returns (graph, info, legalize stats).
+    decompose=None keeps the exported ops when every one has a rule (capture's default)."""
+    graph, info = capture(model, args, kwargs, decompose=decompose)
     state = SimpleNamespace(graph=graph)
     stats = Legalize().run(state)
     ir.verify(graph)
@@ -43,10 +44,10 @@ def front_end(model, args, kwargs=None):
     return graph, info, stats
 
 
-def check(model, *args, **kwargs):
+def check(model, *args, decompose: bool | None = True, **kwargs):
     """The front end's graph run by the interpreter matches eager; returns the graph."""
     model = model.eval()
-    graph, info, _ = front_end(model, args, kwargs)
+    graph, info, _ = front_end(model, args, kwargs, decompose)
     leaves = pytree.tree_leaves((args, kwargs))
     outs = run_graph(graph, [leaves[i] for i in info.input_leaves])
     with torch.no_grad():
@@ -163,6 +164,17 @@ class LlamaRMSNorm(nn.Module):
 def test_op_family_matches_eager(name):
     make, args = CASES[name]
     check(make(), *args)
+
+
+@pytest.mark.parametrize("name", ("addmm", "arith", "dropout", "linear", "matmul", "reductions", "unary", "views"))
+def test_op_family_as_exported_matches_eager(name):
+    """Undecomposed, as capture keeps a graph whose ops all have rules: the rules of ops torch would decompose
+    (linear, baddbmm, matmul, rsub, var.dim, std.dim, t, transpose, ...) run on the arguments normalize_function
+    binds, which the decomposed cases above never reach."""
+    make, args = CASES[name]
+    check(make(), *args, decompose=None)
+    _, _, stats = front_end(make().eval(), args, decompose=None)
+    assert set(stats) & {str(op) for op in decomposition_table()}
 
 
 # -- attention ------------------------------------------------------------------------------------------------
