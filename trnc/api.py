@@ -9,6 +9,7 @@ at INFO what was compiled and how, and at DEBUG each step's time and the cache e
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from trnc import compile_cache
+from trnc import artifact, compile_cache
 from trnc.capture import capture
 from trnc.dtypes import numpy_of, tensor_of
 from trnc.errors import TrncError
@@ -56,12 +57,12 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
         times: dict[str, float] = {}
         graph, info = _step(progress, times, "capture", capture, model, tuple(example_inputs), example_kwargs)
         key = _step(progress, times, "cache-key", _cache_key, models, graph, options) if models else None
-        compiled = None
+        record = None
         if key is not None and models.has(key):
             progress.total = len(times) + 1
-            compiled = _step(progress, times, "cache-load", models.lookup, key)
-        if compiled is not None:
-            compiled.info = info            # the caller's own capture: the same call and output structure
+            record = _step(progress, times, "cache-load", models.lookup, key)
+        if record is not None:   # with the caller's own capture: the same call and output structure
+            compiled = CompiledModel.of(dataclasses.replace(record, info=info))
             stored = compiled.stats
             stored["cached_compile_seconds"] = stored.pop("compile_seconds", None)
             stored["cached_pass_seconds"] = stored.pop("pass_seconds", {})
@@ -72,7 +73,7 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
             status = "off" if key is None else "miss"
             if key is not None:
                 compiled.stats.update(compile_seconds=time.perf_counter() - start, pass_seconds=dict(times))
-                _step(progress, times, "cache-store", models.store, key, compiled)
+                _step(progress, times, "cache-store", models.store, key, compiled.record())
     compiled.stats.update(cache=status, compile_seconds=time.perf_counter() - start, pass_seconds=times)
     _log_compile(model, options, compiled.stats)
     return compiled
@@ -136,6 +137,14 @@ class CompiledModel:
         self._perf = None
         self.stats = dict(stats) if stats is not None else self._perf_stats()
 
+    @classmethod
+    def of(cls, record: artifact.Record) -> "CompiledModel":
+        return cls(record.program, record.constants, record.info, record.options, record.stats)
+
+    def record(self) -> artifact.Record:
+        """What an artifact file and the compile cache keep of the model."""
+        return artifact.Record(self.program, self.constants, self.info, self.options, self.stats)
+
     @property
     def perf(self) -> perf.PerfReport:
         if self._perf is None:
@@ -179,11 +188,10 @@ class CompiledModel:
         return self._result(reference.run(self.program, self._feed(args, kwargs), verified=True))
 
     def save(self, path) -> None:
-        from trnc.artifact import save
-        save(self, Path(path))
+        artifact.save(self.record(), Path(path))
 
 
 def load(path) -> CompiledModel:
-    """A CompiledModel from a .trnc artifact written by CompiledModel.save (verified before it can run)."""
-    from trnc.artifact import load as load_artifact
-    return load_artifact(Path(path))
+    """A CompiledModel from a .trnc artifact written by CompiledModel.save (checked and verified by
+    trnc/artifact.py before it can run)."""
+    return CompiledModel.of(artifact.load(Path(path)))

@@ -7,12 +7,15 @@ torch dtypes, pytree specs, target and options, trnc version, stats, section tab
 per constant. `load` checks, in this order, the prefix, the header's checksum and JSON types, the
 section table (bounds, alignment, overlaps, trailing bytes), zero padding and each section's sha256, the
 program (decoder, HBM capacity, verifier, a bound on its work), the header's signature and constants
-against the program, and the pytree specs; every failure is an ArtifactError naming the problem. Sizes
-are compared with the file before anything is allocated from them.
+against the program, the pytree specs, and the saved stats against the performance model's; every
+failure is an ArtifactError naming the problem. Sizes are compared with the file before anything is
+allocated from them. The file is read and written as a plain Record; trnc/api.py wraps a Record into a
+CompiledModel, and the compile cache (trnc/compile_cache.py) stores Records.
 
 The pytree specs are checked node by node before torch parses them: torch's deserializer imports the
 modules a spec names (enum contexts, defaultdict factories), which would run code chosen by the file.
-torch is imported only inside the functions that need it, so `read_header` (for tools) stays cheap.
+torch and the performance model are imported only inside the functions that need them, so `read_header`
+(for tools) stays cheap.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-import trnc
+from trnc import version
 from trnc.errors import ArtifactError, TrncError
 from trnc.isa.config import get_target
 from trnc.isa.decoding import decode
@@ -61,6 +64,18 @@ class _Bad(Exception):
 
 
 @dataclass(frozen=True)
+class Record:
+    """What an artifact holds: the program, its constants by name, how the model is called and answers
+    (capture's CaptureInfo, or ArtifactInfo once loaded), the options it was compiled with and its stats."""
+
+    program: Program
+    constants: dict[str, np.ndarray]
+    info: object
+    options: Options
+    stats: dict
+
+
+@dataclass(frozen=True)
 class ArtifactInfo:
     """CaptureInfo's counterpart for a loaded model (the same field names): how it is called and answers.
 
@@ -79,20 +94,20 @@ class ArtifactInfo:
 
 # -- writing -----------------------------------------------------------------------------------------------
 
-def save(model, path: Path) -> None:
-    """Write `model` (a CompiledModel) to `path` atomically (a temporary file, then a rename)."""
-    blobs = [("program", encode(model.program), {})]
-    for decl in model.program.tensors_of(TensorKind.CONST):
-        value = np.ascontiguousarray(model.constants[decl.name], dtype=decl.dtype.storage)
+def save(record: Record, path: Path) -> None:
+    """Write `record` to `path` atomically (a temporary file, then a rename)."""
+    program, info = record.program, record.info
+    blobs = [("program", encode(program), {})]
+    for decl in program.tensors_of(TensorKind.CONST):
+        value = np.ascontiguousarray(record.constants[decl.name], dtype=decl.dtype.storage)
         blobs.append((f"const:{decl.name}", value.tobytes(), {"dtype": decl.dtype.text, "shape": list(decl.shape)}))
-    info = model.info
-    header = {"trnc_version": trnc.__version__, "target": model.program.target, "options": vars(model.options),
-              "inputs": _signature_json(model.inputs, info.input_dtypes),
-              "outputs": _signature_json(model.outputs, info.output_dtypes),
+    header = {"trnc_version": version.__version__, "target": program.target, "options": vars(record.options),
+              "inputs": _signature_json(program.tensors_of(TensorKind.INPUT), info.input_dtypes),
+              "outputs": _signature_json(program.tensors_of(TensorKind.OUTPUT), info.output_dtypes),
               "in_spec": _spec_json(getattr(info, "in_spec", None), "input"),
               "input_leaves": _leaves_json(getattr(info, "input_leaves", None)),
               "out_spec": _spec_json(info.out_spec, "output"),
-              "stats": _stats_json(model.stats), "sections": []}
+              "stats": _stats_json(record.stats), "sections": []}
     if header["in_spec"] is None:
         header["input_leaves"] = None
     offset = 0
@@ -333,8 +348,9 @@ def _check_sections(sections: list[dict], data_start: int, size: int) -> None:
 
 # -- loading -----------------------------------------------------------------------------------------------
 
-def load(path: Path, *, trusted: bool = False):
-    """A CompiledModel from the artifact at `path`, checked (docs/artifact.md) and verified before it can run.
+def load(path: Path, *, trusted: bool = False) -> Record:
+    """The Record in the artifact at `path`, checked (docs/artifact.md) and verified before it can run; its
+    stats are the performance model's with the saved ones (compile-side values) laid over them.
 
     trusted=True is for the compile cache's own entries, written by this very compiler (the cache key holds a
     fingerprint of its source) after the verifier accepted the program: every check of the file still runs,
@@ -350,8 +366,7 @@ def load(path: Path, *, trusted: bool = False):
         raise ArtifactError(f"{path}: {e}; {e.fix}") from None
 
 
-def _load(data: bytes, trusted: bool):
-    from trnc.api import CompiledModel
+def _load(data: bytes, trusted: bool) -> Record:
     prefix = data[:PREFIX.size]
     head_len = _check_prefix(prefix, len(data))
     header = _parse_header(prefix, data[PREFIX.size:PREFIX.size + head_len], len(data))
@@ -374,18 +389,25 @@ def _load(data: bytes, trusted: bool):
     info = ArtifactInfo(in_spec, out_spec, leaves, tuple(t for _, t in inputs),
                         tuple(tuple(d.shape) for d, _ in inputs), tuple(t for _, t in outputs),
                         header["trnc_version"])
-    if trusted:
-        return CompiledModel(program, constants, info, options, stats=header["stats"])
+    return Record(program, constants, info, options, header["stats"] if trusted else _stats(program, header))
+
+
+def _stats(program: Program, header: dict) -> dict:
+    """The performance model's stats of the program, the saved ones (compile-side values: they win, as in
+    compile) laid over them after each matched the form of the model's."""
+    from trnc.passes.roofline import program_stats
+    from trnc.runtime import perf
+    hw = get_target(program.target)
     try:
-        model = CompiledModel(program, constants, info, options)
+        stats = program_stats(perf.simulate(program, hw, verified=True), hw)
     except TrncError as e:
         raise _Bad(f"the program cannot be modeled: {e}") from None
-    for key, value in header["stats"].items():   # the saved stats: compile-side values (they win, as in compile)
-        if key in model.stats and _kind(value) != _kind(model.stats[key]):
+    for key, value in header["stats"].items():
+        if key in stats and _kind(value) != _kind(stats[key]):
             raise _Bad(f"header stats.{key} is {json.dumps(value)[:60]}; the model's {key} is of the form "
-                       f"{json.dumps(_kind(model.stats[key]))[:60]}")
-        model.stats[key] = value
-    return model
+                       f"{json.dumps(_kind(stats[key]))[:60]}")
+        stats[key] = value
+    return stats
 
 
 def _kind(value):

@@ -3,13 +3,13 @@
 It sits between capture and the pass pipeline (trnc/api.py). The key is sha256 over a canonical
 serialization of the captured ir.Graph (every node's op, operand positions, shape, dtype and attrs, the
 names of inputs and constants, and the sha256 of every constant's bytes: other weights miss), the
-Options, trnc.__version__, the artifact and ISA encoding format versions, and a fingerprint of the
+Options, trnc's version, the artifact and ISA encoding format versions, and a fingerprint of the
 compiler's own source (every .py file of trnc, trnc.isa, trnc.passes, trnc.runtime), so an edited
 compiler in a development checkout misses instead of returning a program the new code would not emit.
 The user's source lines are not part of the key: moving a model's code does not change its program.
 
-An entry is one artifact, `TRNC_CACHE_DIR/models/<key>.trnc` (trnc/artifact.py: it keeps the compile
-stats in its header, and is checked and verified on load like any artifact), written to a temp file and
+An entry is one artifact.Record as a file, `TRNC_CACHE_DIR/models/<key>.trnc` (trnc/artifact.py: it keeps
+the compile stats in its header, and is checked on load like any artifact), written to a temp file and
 renamed, so a reader sees a whole entry or none. An entry that fails to load is deleted, logged at
 WARNING and compiled again. The folder is bounded: after each store the least recently used entries (a
 hit touches its entry) are deleted until at most MAX_ENTRIES entries and MAX_BYTES bytes remain; a model
@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import trnc
-from trnc import artifact, flags, ir
+from trnc import artifact, flags, ir, version
 from trnc.errors import ArtifactError
 from trnc.ir import TensorArg
 from trnc.isa import encoding
@@ -117,7 +116,7 @@ def graph_key(graph: ir.Graph, options) -> str:
     arrays = [v for n in graph.nodes for v in n.attrs.values() if isinstance(v, np.ndarray)]
     digests = _digests(arrays)
     position = {n: i for i, n in enumerate(graph.nodes)}
-    out = [f"trnc-model-cache|{trnc.__version__}|artifact {artifact.FORMAT_VERSION}|isa {encoding.FORMAT_VERSION}|"
+    out = [f"trnc-model-cache|{version.__version__}|artifact {artifact.FORMAT_VERSION}|isa {encoding.FORMAT_VERSION}|"
            f"{compiler_fingerprint()}\0".encode()]
     _encode(sorted(vars(options).items()), out, digests)
     for n in graph.nodes:
@@ -145,13 +144,13 @@ class ModelCache:
     def has(self, key: str) -> bool:
         return self.path(key).exists()
 
-    def lookup(self, key: str):
-        """The CompiledModel of entry `key`, or None; a broken entry is deleted with a WARNING."""
+    def lookup(self, key: str) -> artifact.Record | None:
+        """The Record of entry `key`, or None; a broken entry is deleted with a WARNING."""
         path = self.path(key)
         if not path.exists():
             return None
         try:
-            model = artifact.load(path, trusted=True)   # written by this compiler after verifying
+            record = artifact.load(path, trusted=True)   # written by this compiler after verifying
         except ArtifactError as e:
             self.log.warning("compile cache entry %s is unreadable (%s); it was deleted and the model is compiled "
                              "again", path, e)
@@ -161,11 +160,11 @@ class ModelCache:
             os.utime(path)          # the most recently used entry is the last evicted
         except OSError:
             pass
-        return model
+        return record
 
-    def store(self, key: str, model) -> bool:
+    def store(self, key: str, record: artifact.Record) -> bool:
         """Write entry `key` atomically, then evict beyond the bounds; True when stored."""
-        size = sum(a.nbytes for a in model.constants.values())
+        size = sum(a.nbytes for a in record.constants.values())
         if size > self.max_bytes:
             self.log.debug("compile cache: not storing %s: its constants (%d bytes) exceed the cache's %d bytes",
                            key, size, self.max_bytes)
@@ -176,7 +175,7 @@ class ModelCache:
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{path.name}.", suffix=".tmp")
             os.close(fd)
             try:
-                model.save(tmp)
+                artifact.save(record, Path(tmp))
                 os.replace(tmp, path)
             finally:
                 Path(tmp).unlink(missing_ok=True)
