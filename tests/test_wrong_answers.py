@@ -386,3 +386,20 @@ def test_tiny_batched_matmuls_at_bf16_compute_what_tensore_does(shapes):
     for k in range(1, x.shape[-1]):
         want = want + xb[..., :, k:k + 1] * yb[..., k:k + 1, :]
     assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+class _LongLayerNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(15210))
+
+    def forward(self, x):
+        return F.layer_norm(x.flatten(), (15210,), self.weight, None, eps=1e-6).square()
+
+
+def test_a_layer_norm_row_too_long_for_sbuf_is_refused_not_an_internal_error():
+    """The fuzzer (seeds 202002394, 202005024 at bf16): the row check counted the weight's broadcast but not the
+    one-row tile it is loaded into, and allocate failed ('SBUF is full') where the row was refused as too long."""
+    x = torch.randn(30, 507)
+    with pytest.raises(UnsupportedOpError, match="layer_norm over a last axis of 15210 elements"):
+        trnc.compile(_LongLayerNorm(), (x,), precision="bf16", auto_cast="all", cache=False)

@@ -217,7 +217,9 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
     bias = params[-1] if has_bias else None
     eps = node.attrs.get("eps")
     c, eps = rows.c, 1e-5 if eps is None else float(eps)
-    param_bytes = sum(p.dtype.itemsize for p in (weight, bias) if p is not None)
+    # each of weight and bias: the row broadcast to every partition and the one-row tile it came from, whose
+    # space, freed, is a hole the next buffers of the row may not fit (the fuzzer: SBUF full at 15210 bf16)
+    param_bytes = 2 * sum(p.dtype.itemsize for p in (weight, bias) if p is not None)
     check_row_fits(kb, node, rows.x.dtype.itemsize + 4 + node.dtype.itemsize + param_bytes)
     tiles = list(rows.tiles())
     w = broadcast_rows(kb, "weight", views[weight], tiles[0]["parts"]) if weight is not None else None
