@@ -1,7 +1,8 @@
 """Golden programs: compiled programs kept in the repository, so that every change to generated code is seen.
 
 Each golden is a model, its example inputs and its options; its program's assembly is kept gzipped
-(`<name>.s.gz`, a few of them are megabytes of text) beside its modeled figures (`<name>.json`).
+(`<name>.s.gz`, a few of them are megabytes of text; unnamed IR values renumbered, `canonical`) beside its
+modeled figures (`<name>.json`).
 tests/test_golden.py compiles each again and fails with a readable diff of the assembly and of the
 figures when anything differs. A deliberate change to generated code rewrites them:
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -126,9 +128,19 @@ def figures(compiled) -> dict:
     return {k: compiled.stats[k] for k in FIGURES}
 
 
+# IR values made without a name are numbered by a process-wide counter (trnc/ir.py), so the tensors named after
+# them (t_v12_t) depend on what ran before in the process: renumbered by first appearance, they do not
+_VALUE_NAME = re.compile(r"(?<![A-Za-z0-9])v(\d+)(?![0-9])")
+
+
+def canonical(text: str) -> str:
+    numbers: dict[str, int] = {}
+    return _VALUE_NAME.sub(lambda m: f"v{numbers.setdefault(m.group(1), len(numbers))}", text)
+
+
 def assembly(compiled) -> str:
     from trnc.isa.asm import format_program
-    return format_program(compiled.program)
+    return canonical(format_program(compiled.program))
 
 
 def write(golden: Golden) -> None:
