@@ -191,7 +191,7 @@ def test_static_shapes_are_checked():
 @pytest.mark.slow
 def test_bert_with_values_kept_on_chip_between_kernels():
     """A BERT whose shapes fill 128-row tiles (seq 128, hidden 128), so values stay in SBUF between
-    kernels: each out-projection and FFN2 sum for its layer norm (tile.py hands_rows_on_chip), each FFN1
+    kernels: each out-projection and FFN2 sum for its layer norm (plan.py hands_rows_on_chip), each FFN1
     output for FFN2, and each layer norm's transposed result for the matmul after it (the embeddings' and
     LN2 for the next QKV, LN1 for FFN1; hands_transpose_on_chip). fp32 within 1e-5
     and bit-exact against the reference; bf16 auto_cast="all" within the kernel-depth bound."""
