@@ -352,7 +352,9 @@ def test_a_bias_is_added_before_the_bf16_rounding_when_sibling_matmuls_merge():
     auto_cast rounds them, the fp32 accumulation (49 terms: 49 * 2^-24 of the terms' magnitudes) and one final
     rounding to bf16 (2^-8 of the result)."""
     x, w1, w2 = torch.randn(69, 49), torch.randn(49, 61), torch.randn(512, 49)
-    b16 = lambda t: t.to(torch.bfloat16).double()
+    def b16(t):
+        return t.to(torch.bfloat16).double()
+
     dots = b16(x)[0] @ b16(w2).T
     b2 = (-dots + 0.01 * torch.randn(512, dtype=torch.float64)).float()
     model = _LinearBesideAMatmul(w1, w2, b2)
