@@ -53,6 +53,8 @@ class Golden:
 
 
 class MLP(nn.Module):
+    """Also tests/test_models.py's MLP."""
+
     def __init__(self):
         super().__init__()
         self.fc1, self.fc2, self.fc3 = nn.Linear(48, 96), nn.Linear(96, 96), nn.Linear(96, 10)
