@@ -22,7 +22,8 @@ from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
-from trnc.passes.pipeline import CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import CompileState
 from trnc.passes.plan import PlanKernels
 from trnc.passes.schedule import Schedule
 from trnc.passes.tile import LowerToTiles

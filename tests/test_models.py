@@ -105,7 +105,8 @@ def _depth_bound(model, args) -> float:
     from trnc.passes.fold import FoldConstants
     from trnc.passes.fuse import Fuse
     from trnc.passes.legalize import Legalize
-    from trnc.passes.pipeline import CompileState, Options
+    from trnc.options import Options
+    from trnc.passes.pipeline import CompileState
     graph, _ = capture(model.eval(), args)
     state = CompileState(graph, Options("bf16", "all"), get_target("trn2"))
     for p in (Legalize(), FoldConstants(), Fuse()):
@@ -190,7 +191,8 @@ def test_bert_with_values_kept_on_chip_between_kernels():
     import transformers as tf
     from trnc.capture import capture
     from trnc.isa.config import get_target
-    from trnc.passes.pipeline import CompileState, Options, run_pipeline
+    from trnc.options import Options
+    from trnc.passes.pipeline import CompileState, run_pipeline
     torch.manual_seed(0)
     cfg = tf.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
                         vocab_size=120, max_position_embeddings=128, attn_implementation="sdpa")

@@ -13,7 +13,8 @@ from trnc.errors import TrncError
 from trnc.isa.ap import Mem
 from trnc.isa.config import get_target
 from trnc.passes.allocate import SBUF_ALIGN
-from trnc.passes.pipeline import PIPELINE, CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import PIPELINE, CompileState
 from trnc.passes.tiles import Buffer
 
 ALLOCATE = next(p for p in PIPELINE if p.name == "allocate")

@@ -15,7 +15,8 @@ from trnc.isa.ap import Mem
 from trnc.isa.config import get_target
 from trnc.isa.program import TensorKind
 from trnc.isa.verify import verify
-from trnc.passes.pipeline import PIPELINE, CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import PIPELINE, CompileState
 from trnc.runtime import reference
 
 EMIT = next(p for p in PIPELINE if p.name == "emit")

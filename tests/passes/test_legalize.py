@@ -337,7 +337,7 @@ def test_identities_leave_no_nodes():
 
 
 def test_unused_nodes_are_pruned_and_rules_counted():
-    from trnc.capture import TensorArg
+    from trnc.ir import TensorArg
     a = ir.Node("input", (), (3,), DType.FP32, {"index": 0})
     arg = {"args": (TensorArg(0, torch.float32),), "kwargs": {}}
     exp = ir.Node("aten.exp.default", (a,), (3,), DType.FP32, dict(arg))

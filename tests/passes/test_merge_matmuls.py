@@ -9,7 +9,8 @@ from torch import nn
 from trnc.capture import capture
 from trnc.interpret import run_graph
 from trnc.isa.config import get_target
-from trnc.passes.pipeline import PIPELINE, CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import PIPELINE, CompileState
 
 UP_TO_MERGE = PIPELINE[:[p.name for p in PIPELINE].index("merge-matmuls") + 1]
 

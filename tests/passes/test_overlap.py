@@ -12,7 +12,8 @@ from trnc.isa.program import TensorKind
 from trnc.passes.allocate import Allocate
 from trnc.passes.emit import Emit
 from trnc.passes.kernels.matmul_plan import Gemm, make_plan
-from trnc.passes.pipeline import CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import CompileState
 from trnc.passes.schedule import Schedule
 from trnc.passes.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
 from trnc.runtime import perf

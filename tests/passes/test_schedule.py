@@ -17,7 +17,8 @@ from trnc.isa.config import DMA_QUEUES, get_target
 from trnc.isa.program import Program
 from trnc.isa.races import order
 from trnc.isa.verify import verify
-from trnc.passes.pipeline import PIPELINE, CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import PIPELINE, CompileState
 from trnc.runtime import reference
 
 SCHEDULE = next(p for p in PIPELINE if p.name == "schedule")

@@ -14,7 +14,8 @@ from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc
 from trnc.isa.program import TensorKind
 from trnc.passes.allocate import Allocate
-from trnc.passes.pipeline import CompileState, Options
+from trnc.options import Options
+from trnc.passes.pipeline import CompileState
 from trnc.passes.plan import PlanKernels
 from trnc.passes.tile import LowerToTiles
 from trnc.passes.tiles import Buffer, Tile, TileBuilder, TileProgram
