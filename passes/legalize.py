@@ -30,7 +30,8 @@ from trnc.errors import TrncError, UnsupportedOpError
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.passes.fold import too_big_to_fold
-from trnc.passes.legalize_rules import COMPARE_OPS, Unusable, pm_legalize
+from trnc.passes.legalize_rules import pm_legalize
+from trnc.passes.legalize_table import COMPARE_OPS, Unusable
 
 CSE_CONST_ELEMENTS = 1024   # consts up to this size are shared by value
 # creation ops whose values are undefined: lowered to zeros by their rule, never computed with torch

@@ -1,4 +1,5 @@
-"""The rule table of legalize (passes/legalize.py): one rule per Core ATen op, aten name -> trnc nodes.
+"""The rules of legalize (passes/legalize.py): one per Core ATen op, aten name -> trnc nodes, registered in
+passes/legalize_table.py; the matmul and attention rules are in passes/legalize_matmul.py.
 
 A rule is `rule(rw, node, a)`: `rw` the Rewriter (its helpers build trnc nodes and skip no-ops),
 `node` the aten node (its shape and dtype are the result torch computed), `a` the arguments bound
@@ -10,58 +11,18 @@ The rules follow the attr conventions of docs/ir.md, which the kernels rely on.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from trnc import ir
 from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
-from trnc.passes.kernels import attention as attention_kernel
-from trnc.passes.kernels.matmul_plan import on_vector_engines
+from trnc.passes import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
+from trnc.passes.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
 
 if TYPE_CHECKING:
     from trnc.passes.legalize import Rewriter
-
-COMPARE_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor"})
-pm_legalize: dict[str, Callable] = {}
-# The ops whose rule lowers them whole, to one fused trnc op, where torch's core decompositions would spell them
-# out in smaller ops: capture keeps every overload of these out of its decomposition table.
-pm_whole: set[str] = set()
-
-
-@dataclass(frozen=True)
-class Unusable:
-    """An output of a multi-output op that trnc does not compute; using it is an error."""
-
-    what: str
-
-
-def rule(*ops: str, whole: bool = False):
-    def register(fn):
-        for op in ops:
-            pm_legalize[op] = fn
-        if whole:
-            pm_whole.update(ops)
-        return fn
-    return register
-
-
-def _dim(d: int, rank: int) -> int:
-    return d + max(rank, 1) if d < 0 else d
-
-
-def _dims(dims, rank: int) -> tuple[int, ...]:
-    """Normalized reduction axes; None or [] means every axis (torch's convention). A 0-d tensor has none: torch
-    takes dim 0 or -1 of it as the tensor itself, so reducing over it is the identity."""
-    if rank == 0:
-        return ()
-    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
-        return tuple(range(rank))
-    dims = dims if isinstance(dims, (list, tuple)) else [dims]
-    return tuple(sorted({_dim(d, rank) for d in dims}))
-
 
 # -- elementwise ---------------------------------------------------------------------------------------
 UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log", "sqrt": "sqrt",
@@ -286,27 +247,27 @@ def _correction(a) -> float:
 @rule("aten.sum.dim_IntList", "aten.sum.default")
 def _sum(rw: Rewriter, n, a):
     x = a["input"]
-    return rw.reduce(x, "sum", _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False))
+    return rw.reduce(x, "sum", dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False))
 
 
 @rule("aten.mean.dim", "aten.mean.default")
 def _mean_rule(rw: Rewriter, n, a):
     x = a["input"]
-    return _mean(rw, x, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype)
+    return _mean(rw, x, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype)
 
 
 @rule("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
 def _extreme(rw: Rewriter, n, a):
     x = a["input"]
     op = "max" if n.op.split(".")[1] in ("amax", "max") else "min"
-    return rw.reduce(x, op, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False))
+    return rw.reduce(x, op, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False))
 
 
 @rule("aten.max.dim", "aten.min.dim")
-def _extreme_dim(rw: Rewriter, n, a):
+def _extremedim_of(rw: Rewriter, n, a):
     x = a["input"]
     (shape, dtype) = n.attrs["outputs"][0]
-    values = rw.reduce(x, n.op.split(".")[1], _dims(a["dim"], len(x.shape)), a["keepdim"], dtype)
+    values = rw.reduce(x, n.op.split(".")[1], dims_of(a["dim"], len(x.shape)), a["keepdim"], dtype)
     return [values, Unusable("indices")]
 
 
@@ -314,14 +275,14 @@ def _extreme_dim(rw: Rewriter, n, a):
       "aten.std.default")
 def _var_rule(rw: Rewriter, n, a):
     x = a["input"]
-    var = _var(rw, x, _dims(a.get("dim"), len(x.shape)), _correction(a), a.get("keepdim", False), _acc(n.dtype))
+    var = _var(rw, x, dims_of(a.get("dim"), len(x.shape)), _correction(a), a.get("keepdim", False), _acc(n.dtype))
     return rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype)
 
 
 @rule("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
 def _var_mean(rw: Rewriter, n, a):
     x = a["input"]
-    axes, keepdim = _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False)
+    axes, keepdim = dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False)
     return [_var(rw, x, axes, _correction(a), keepdim, n.dtype), _mean(rw, x, axes, keepdim, n.dtype)]
 
 
@@ -331,7 +292,7 @@ def _any_all(rw: Rewriter, n, a):
     if rw.arg_dtypes[0] is not torch.bool:
         x = rw.scalar(x, "ne", 0)
     op = "max" if n.op.startswith("aten.any") else "min"
-    return rw.reduce(x, op, _dims(a.get("dim"), len(x.shape)), a.get("keepdim", False), DType.UINT8)
+    return rw.reduce(x, op, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False), DType.UINT8)
 
 
 # -- row-wise ----------------------------------------------------------------------------------------------
@@ -340,7 +301,7 @@ def _last_axis(rw: Rewriter, x, dim: int, build):
     rank = len(x.shape)
     if rank == 0:
         return rw.reshape(build(rw.reshape(x, (1,))), ())
-    dim = _dim(dim, rank)
+    dim = dim_of(dim, rank)
     if dim == rank - 1:
         return build(x)
     swap = list(range(rank))
@@ -378,124 +339,6 @@ def _native_layer_norm(rw: Rewriter, n, a):
     return [_layer_norm(rw, n, a, n.attrs["outputs"][0][1]), Unusable("mean"), Unusable("rstd")]
 
 
-# -- matmul and attention -------------------------------------------------------------------------------------
-def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
-    """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast; an empty contraction
-    gives zeros."""
-    a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
-    b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
-    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-    (m, k), n = a2.shape[-2:], b2.shape[-1]
-    shape = batch + (m, n)
-    if k == 0:
-        out = rw.filled(0, shape, dtype)
-    elif on_vector_engines(math.prod(batch), m, k, n):
-        out = _outer_products(rw, a2, b2, dtype)
-    else:
-        out = rw.emit("matmul", (a2, b2), shape, dtype)
-    shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
-    return rw.reshape(out, shape)
-
-
-def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
-    """a @ b as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise chain,
-    whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
-    PSUM, and rounds their operands to the matmul's operand dtype), so it computes what TensorE does (each
-    product exact in fp32 for bf16 operands, accumulated over k = 0..K-1 in fp32) even where fusion splits the
-    chain (the fuser follows one producer)."""
-    rows = len(b.shape) - 2
-    total = None
-    for k in range(a.shape[-1]):
-        term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32,
-                         keep_fp32=True)
-        total = term if total is None else rw.binary("add", total, term, DType.FP32, keep_fp32=True)
-    return rw.cast(total, dtype)
-
-
-def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:
-    """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear)."""
-    if alpha != 1:
-        product = rw.scalar(product, "mul", alpha)
-    if bias is None or beta == 0:
-        return product
-    if beta != 1:
-        bias = rw.scalar(bias, "mul", beta)
-    return rw.binary("add", product, bias)
-
-
-@rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
-def _mm(rw: Rewriter, n, a):
-    return _matmul(rw, a["input"], a.get("mat2", a.get("other", a.get("vec"))), n.dtype)
-
-
-@rule("aten.addmm.default", "aten.baddbmm.default")
-def _addmm(rw: Rewriter, n, a):
-    x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
-    return _scaled_add(rw, _matmul(rw, x, y, n.dtype), a["input"], a["beta"], a["alpha"])
-
-
-@rule("aten.linear.default")
-def _linear(rw: Rewriter, n, a):
-    weight = a["weight"]
-    weight_t = rw.permute(weight, (1, 0)) if len(weight.shape) == 2 else weight
-    return _scaled_add(rw, _matmul(rw, a["input"], weight_t, n.dtype), a["bias"], 1, 1)
-
-
-def _repeat_heads(rw: Rewriter, x: ir.Node, heads: int) -> ir.Node:
-    """[..., Hk, S, D] -> [..., heads, S, D], kv head h serving query heads h*r .. h*r+r-1 (torch's enable_gqa)."""
-    *batch, hk, s, d = x.shape
-    if heads % hk:
-        rw.fail(f"with {heads} query heads and {hk} key/value heads is not supported: the counts must divide")
-    r = heads // hk
-    x = rw.expand(rw.reshape(x, (*batch, hk, 1, s, d)), (*batch, hk, r, s, d))
-    return rw.reshape(x, (*batch, heads, s, d))
-
-
-def _attention(rw: Rewriter, n, a, shape, dtype):
-    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-    if a["dropout_p"]:
-        rw.fail(f"with dropout_p={a['dropout_p']} is not supported; call model.eval() (dropout_p must be 0)")
-    if len(q.shape) >= 3 and k.shape[-3] != q.shape[-3]:
-        k, v = _repeat_heads(rw, k, q.shape[-3]), _repeat_heads(rw, v, q.shape[-3])
-    if mask is not None and mask.dtype is DType.UINT8:   # bool: True attends
-        zero, minus_inf = rw.scalar_const(0.0, DType.FP32), rw.scalar_const(-math.inf, DType.FP32)
-        mask = rw.where(mask, zero, minus_inf, DType.FP32)
-    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    if attention_kernel.beyond_limits(q.shape[-1], v.shape[-1], k.shape[-2]):
-        return _unfused_attention(rw, q, k, v, mask, float(scale), bool(a["is_causal"]), dtype)
-    inputs = (q, k, v) + ((mask,) if mask is not None else ())
-    return rw.emit("attention", inputs, shape, dtype, scale=float(scale), causal=bool(a["is_causal"]),
-                   has_mask=mask is not None)
-
-
-def _unfused_attention(rw: Rewriter, q, k, v, mask, scale: float, causal: bool, dtype: DType) -> ir.Node:
-    """softmax(scale * q k^T + mask) v as two matmuls and a softmax, as torch's math backend computes it, for the
-    shapes the fused kernel cannot take (a head dim over 128, more than its keys). Scores are fp32."""
-    rank = len(k.shape)
-    kt = rw.permute(k, (*range(rank - 2), rank - 1, rank - 2))
-    scores = rw.scalar(_matmul(rw, q, kt, DType.FP32), "mul", scale, dtype=DType.FP32)
-    if causal:   # top-left aligned: query i sees keys j <= i
-        sq, sk = q.shape[-2], k.shape[-2]
-        above = torch.ones(sq, sk, dtype=torch.bool).triu(1)
-        scores = rw.binary("add", scores, rw.const(torch.zeros(sq, sk).masked_fill(above, -math.inf), DType.FP32),
-                           DType.FP32)
-    if mask is not None:
-        scores = rw.binary("add", scores, mask, DType.FP32)
-    weights = rw.emit("softmax", (scores,), scores.shape, q.dtype)
-    return _matmul(rw, weights, v, dtype)
-
-
-@rule("aten.scaled_dot_product_attention.default", whole=True)
-def _sdpa(rw: Rewriter, n, a):
-    return _attention(rw, n, a, n.shape, n.dtype)
-
-
-@rule("aten._scaled_dot_product_flash_attention_for_cpu.default", whole=True)
-def _sdpa_flash(rw: Rewriter, n, a):
-    shape, dtype = n.attrs["outputs"][0]
-    return [_attention(rw, n, a, shape, dtype), Unusable("logsumexp")]
-
-
 # -- movement -------------------------------------------------------------------------------------------------
 @rule("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.squeeze.default",
       "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default", "aten.flatten.using_ints",
@@ -507,7 +350,7 @@ def _reshape(rw: Rewriter, n, a):
 @rule("aten.permute.default")
 def _permute(rw: Rewriter, n, a):
     x = a["input"]
-    return rw.permute(x, [_dim(d, len(x.shape)) for d in a["dims"]])
+    return rw.permute(x, [dim_of(d, len(x.shape)) for d in a["dims"]])
 
 
 @rule("aten.transpose.int", "aten.t.default")
@@ -516,7 +359,7 @@ def _transpose(rw: Rewriter, n, a):
     rank = len(x.shape)
     if rank < 2:
         return x
-    d0, d1 = (_dim(a["dim0"], rank), _dim(a["dim1"], rank)) if "dim0" in a else (0, 1)
+    d0, d1 = (dim_of(a["dim0"], rank), dim_of(a["dim1"], rank)) if "dim0" in a else (0, 1)
     dims = list(range(rank))
     dims[d0], dims[d1] = d1, d0
     return rw.permute(x, dims)
@@ -548,7 +391,7 @@ def _bound(v, size: int, default: int) -> int:
 @rule("aten.slice.Tensor")
 def _slice(rw: Rewriter, n, a):
     x = a["input"]
-    dim = _dim(a["dim"], len(x.shape))
+    dim = dim_of(a["dim"], len(x.shape))
     size = x.shape[dim]
     start = _bound(a["start"], size, 0)
     stop = max(start, _bound(a["end"], size, size))
@@ -558,7 +401,7 @@ def _slice(rw: Rewriter, n, a):
 @rule("aten.select.int")
 def _select(rw: Rewriter, n, a):
     x = a["input"]
-    dim = _dim(a["dim"], len(x.shape))
+    dim = dim_of(a["dim"], len(x.shape))
     index = a["index"] + x.shape[dim] if a["index"] < 0 else a["index"]
     return rw.reshape(rw.slice(x, dim, index, index + 1), n.shape)
 
@@ -566,7 +409,7 @@ def _select(rw: Rewriter, n, a):
 @rule("aten.narrow.default")
 def _narrow(rw: Rewriter, n, a):
     x = a["input"]
-    dim = _dim(a["dim"], len(x.shape))
+    dim = dim_of(a["dim"], len(x.shape))
     start = a["start"] + x.shape[dim] if a["start"] < 0 else a["start"]
     return rw.slice(x, dim, start, start + a["length"])
 
@@ -574,13 +417,13 @@ def _narrow(rw: Rewriter, n, a):
 @rule("aten.cat.default")
 def _cat(rw: Rewriter, n, a):
     xs = [x for x in a["tensors"] if x.shape != (0,)]   # torch skips legacy empty 1-D tensors
-    return rw.cat(xs, _dim(a["dim"], len(n.shape)), n.dtype)
+    return rw.cat(xs, dim_of(a["dim"], len(n.shape)), n.dtype)
 
 
 @rule("aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int")
 def _split(rw: Rewriter, n, a):
     x = a["input"]
-    dim = _dim(a["dim"], len(x.shape))
+    dim = dim_of(a["dim"], len(x.shape))
     start, pieces = 0, []
     for shape, _ in n.attrs["outputs"]:
         size = 1 if n.op == "aten.unbind.int" else shape[dim]
@@ -635,7 +478,7 @@ def _index_select(rw: Rewriter, n, a):
     x = a["input"]
     if not x.shape:   # torch indexes a 0-d tensor as the one element of a 1-d one
         return rw.reshape(_take(rw, rw.reshape(x, (1,)), 0, a["index"]), n.shape)
-    return _take(rw, x, _dim(a["dim"], len(x.shape)), a["index"])
+    return _take(rw, x, dim_of(a["dim"], len(x.shape)), a["index"])
 
 
 @rule("aten.index.Tensor")

@@ -1,0 +1,133 @@
+"""legalize rules of matmuls and attention (registered in passes/legalize_table.py's `pm_legalize`)."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from trnc import ir
+from trnc.isa.dtypes import DType
+from trnc.passes.kernels import attention as attention_kernel
+from trnc.passes.kernels.matmul_plan import on_vector_engines
+from trnc.passes.legalize_table import Unusable, rule
+
+if TYPE_CHECKING:
+    from trnc.passes.legalize import Rewriter
+
+
+def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
+    """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast; an empty contraction
+    gives zeros."""
+    a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
+    b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
+    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    (m, k), n = a2.shape[-2:], b2.shape[-1]
+    shape = batch + (m, n)
+    if k == 0:
+        out = rw.filled(0, shape, dtype)
+    elif on_vector_engines(math.prod(batch), m, k, n):
+        out = _outer_products(rw, a2, b2, dtype)
+    else:
+        out = rw.emit("matmul", (a2, b2), shape, dtype)
+    shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
+    return rw.reshape(out, shape)
+
+
+def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
+    """a @ b as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise chain,
+    whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
+    PSUM, and rounds their operands to the matmul's operand dtype), so it computes what TensorE does (each
+    product exact in fp32 for bf16 operands, accumulated over k = 0..K-1 in fp32) even where fusion splits the
+    chain (the fuser follows one producer)."""
+    rows = len(b.shape) - 2
+    total = None
+    for k in range(a.shape[-1]):
+        term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32,
+                         keep_fp32=True)
+        total = term if total is None else rw.binary("add", total, term, DType.FP32, keep_fp32=True)
+    return rw.cast(total, dtype)
+
+
+def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:
+    """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear)."""
+    if alpha != 1:
+        product = rw.scalar(product, "mul", alpha)
+    if bias is None or beta == 0:
+        return product
+    if beta != 1:
+        bias = rw.scalar(bias, "mul", beta)
+    return rw.binary("add", product, bias)
+
+
+@rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
+def _mm(rw: Rewriter, n, a):
+    return _matmul(rw, a["input"], a.get("mat2", a.get("other", a.get("vec"))), n.dtype)
+
+
+@rule("aten.addmm.default", "aten.baddbmm.default")
+def _addmm(rw: Rewriter, n, a):
+    x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
+    return _scaled_add(rw, _matmul(rw, x, y, n.dtype), a["input"], a["beta"], a["alpha"])
+
+
+@rule("aten.linear.default")
+def _linear(rw: Rewriter, n, a):
+    weight = a["weight"]
+    weight_t = rw.permute(weight, (1, 0)) if len(weight.shape) == 2 else weight
+    return _scaled_add(rw, _matmul(rw, a["input"], weight_t, n.dtype), a["bias"], 1, 1)
+
+
+def _repeat_heads(rw: Rewriter, x: ir.Node, heads: int) -> ir.Node:
+    """[..., Hk, S, D] -> [..., heads, S, D], kv head h serving query heads h*r .. h*r+r-1 (torch's enable_gqa)."""
+    *batch, hk, s, d = x.shape
+    if heads % hk:
+        rw.fail(f"with {heads} query heads and {hk} key/value heads is not supported: the counts must divide")
+    r = heads // hk
+    x = rw.expand(rw.reshape(x, (*batch, hk, 1, s, d)), (*batch, hk, r, s, d))
+    return rw.reshape(x, (*batch, heads, s, d))
+
+
+def _attention(rw: Rewriter, n, a, shape, dtype):
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    if a["dropout_p"]:
+        rw.fail(f"with dropout_p={a['dropout_p']} is not supported; call model.eval() (dropout_p must be 0)")
+    if len(q.shape) >= 3 and k.shape[-3] != q.shape[-3]:
+        k, v = _repeat_heads(rw, k, q.shape[-3]), _repeat_heads(rw, v, q.shape[-3])
+    if mask is not None and mask.dtype is DType.UINT8:   # bool: True attends
+        zero, minus_inf = rw.scalar_const(0.0, DType.FP32), rw.scalar_const(-math.inf, DType.FP32)
+        mask = rw.where(mask, zero, minus_inf, DType.FP32)
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    if attention_kernel.beyond_limits(q.shape[-1], v.shape[-1], k.shape[-2]):
+        return _unfused_attention(rw, q, k, v, mask, float(scale), bool(a["is_causal"]), dtype)
+    inputs = (q, k, v) + ((mask,) if mask is not None else ())
+    return rw.emit("attention", inputs, shape, dtype, scale=float(scale), causal=bool(a["is_causal"]),
+                   has_mask=mask is not None)
+
+
+def _unfused_attention(rw: Rewriter, q, k, v, mask, scale: float, causal: bool, dtype: DType) -> ir.Node:
+    """softmax(scale * q k^T + mask) v as two matmuls and a softmax, as torch's math backend computes it, for the
+    shapes the fused kernel cannot take (a head dim over 128, more than its keys). Scores are fp32."""
+    rank = len(k.shape)
+    kt = rw.permute(k, (*range(rank - 2), rank - 1, rank - 2))
+    scores = rw.scalar(_matmul(rw, q, kt, DType.FP32), "mul", scale, dtype=DType.FP32)
+    if causal:   # top-left aligned: query i sees keys j <= i
+        sq, sk = q.shape[-2], k.shape[-2]
+        above = torch.ones(sq, sk, dtype=torch.bool).triu(1)
+        scores = rw.binary("add", scores, rw.const(torch.zeros(sq, sk).masked_fill(above, -math.inf), DType.FP32),
+                           DType.FP32)
+    if mask is not None:
+        scores = rw.binary("add", scores, mask, DType.FP32)
+    weights = rw.emit("softmax", (scores,), scores.shape, q.dtype)
+    return _matmul(rw, weights, v, dtype)
+
+
+@rule("aten.scaled_dot_product_attention.default", whole=True)
+def _sdpa(rw: Rewriter, n, a):
+    return _attention(rw, n, a, n.shape, n.dtype)
+
+
+@rule("aten._scaled_dot_product_flash_attention_for_cpu.default", whole=True)
+def _sdpa_flash(rw: Rewriter, n, a):
+    shape, dtype = n.attrs["outputs"][0]
+    return [_attention(rw, n, a, shape, dtype), Unusable("logsumexp")]
