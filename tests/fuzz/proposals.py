@@ -369,12 +369,20 @@ def permute(b):
     return b.op("mT", [x])
 
 
-def index(b):
+def _value_and_dim(b):
+    """A value of rank 1 or more, its shape and one of its dims, or None when the program has none."""
     x = b.pick(b.values("any", min_rank=1))
     if x is None:
         return None
     shape = b.shape_of(x)
-    d = b.int(0, len(shape) - 1)
+    return x, shape, b.int(0, len(shape) - 1)
+
+
+def index(b):
+    picked = _value_and_dim(b)
+    if picked is None:
+        return None
+    x, shape, d = picked
     size = shape[d]
     dim = d - len(shape) if b.chance(0.3) else d
     way = b.int(0, 3)
@@ -391,11 +399,10 @@ def index(b):
 
 
 def cat(b):
-    x = b.pick(b.values("any", min_rank=1))
-    if x is None:
+    picked = _value_and_dim(b)
+    if picked is None:
         return None
-    shape = b.shape_of(x)
-    d = b.int(0, len(shape) - 1)
+    x, shape, d = picked
     fits = [j for j in b.values("any", len(shape), len(shape))
             if b.shape_of(j)[:d] + b.shape_of(j)[d + 1:] == shape[:d] + shape[d + 1:] and b.metas[j].dtype == b.metas[x].dtype]
     parts = [x] + [b.pick(fits) for _ in range(b.int(1, 2))]
@@ -403,11 +410,10 @@ def cat(b):
 
 
 def split(b):
-    x = b.pick(b.values("any", min_rank=1))
-    if x is None:
+    picked = _value_and_dim(b)
+    if picked is None:
         return None
-    shape = b.shape_of(x)
-    d = b.int(0, len(shape) - 1)
+    x, shape, d = picked
     size = shape[d]
     way = b.int(0, 2)
     if way == 0:
