@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from trnc import ir
 from trnc.isa.dtypes import DType
+from trnc.passes.kernel_kinds import KINDS
 from trnc.runtime.convert import from_fp32, to_fp32
 
-CONTRACT_KINDS = ("matmul", "attention")
+CONTRACT_KINDS = frozenset(k.name for k in KINDS.values() if k.contraction)   # matmul, attention
 
 
 def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
