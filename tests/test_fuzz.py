@@ -56,3 +56,12 @@ def test_a_reproducer_decides_on_its_own_as_the_fuzzer_did(tmp_path, one_thread)
     path.write_text(repro.source(outcome.program, config, outcome, prepare(outcome.program, "bf16"), path.name, "test"))
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("seed", [202006905, 202009763])
+def test_the_tolerance_reaches_across_a_clamp_and_up_exp(seed, one_thread):
+    """Two bf16 programs the long campaign called mismatches, where the tolerance fell short and trnc was right
+    (reference.py, "magnified" ops): 202006905 clamps a linear whose dot products cancel, 202009763 takes
+    exp(8 tanh(a layer norm of near-equal bf16 values)). Both are matches now."""
+    outcome = run_seed(seed, Config("bf16", "api"))
+    assert outcome.kind == "match", outcome.message

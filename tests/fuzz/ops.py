@@ -34,6 +34,9 @@ class OpDef:
     compare: bool = False  # a comparison: reference.py rejects near-ties of its operands
     logits: Callable | None = None   # (lane, args, params, attrs, metas) -> the logits of a softmax, whose
                                      # rounding errors reference.py keeps below one nat
+    magnified: Callable = lambda a: False   # (attrs) -> reference.py evaluates its noisy lanes at SAFETY times their
+                                            # operands' deviations: an op with a flat piece (relu, clamp, maximum,
+                                            # amax, ...) or exp, where SAFETY times its own deviation falls short
 
 
 def _spelled(spellings):
@@ -80,7 +83,7 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     "neg": (0, ("-{0}", "torch.neg({0})")),
 }
 for _name, (_ulps, _spellings) in UNARY.items():
-    OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps))
+    OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps), magnified=lambda a, m=_name in ("relu", "exp"): m)
 
 
 def _gelu(lane, ev, x, p, a, metas, out):
@@ -114,7 +117,7 @@ def _clamp(x, p, a):
     return (f"{x[0]}.clamp(max={hi!r})", f"torch.clamp_max({x[0]}, {hi!r})")[form]
 
 
-OPS["clamp"] = OpDef(_clamp, _pointwise())
+OPS["clamp"] = OpDef(_clamp, _pointwise(), magnified=lambda a: True)
 
 BINARY = {   # name: (ulps, spellings)
     "add": (0, ("{0} + {1}", "torch.add({0}, {1})")),
@@ -153,7 +156,8 @@ def _binary_reference(lane, ev, x, p, a, metas, out):
     return lane.store(ev(x, p), out.dtype, BINARY[a["fn"]][0])
 
 
-OPS["binary"] = OpDef(_binary_render, _binary_reference, _binary_params)
+OPS["binary"] = OpDef(_binary_render, _binary_reference, _binary_params,
+                     magnified=lambda a: a["fn"] in ("maximum", "minimum"))
 
 COMPARE = {
     "eq": ("{0} == {1}", "torch.eq({0}, {1})"), "ne": ("{0} != {1}", "torch.ne({0}, {1})"),
@@ -211,7 +215,7 @@ def _reduce_reference(lane, ev, x, p, a, metas, out):
     return lane.store(ev(x, p), out.dtype)
 
 
-OPS["reduce"] = OpDef(_reduce_render, _reduce_reference)
+OPS["reduce"] = OpDef(_reduce_render, _reduce_reference, magnified=lambda a: a["fn"] in ("amax", "amin", "max", "min"))
 
 
 def _axes(dims, rank: int) -> tuple[int, ...]:
