@@ -405,3 +405,24 @@ def test_a_layer_norm_row_too_long_for_sbuf_is_refused_not_an_internal_error():
     x = torch.randn(30, 507)
     with pytest.raises(UnsupportedOpError, match="layer_norm over a last axis of 15210 elements"):
         trnc.compile(_LongLayerNorm(), (x,), precision="bf16", auto_cast="all", cache=False)
+
+
+class BroadcastWeightBatches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 128, 128) / 11, requires_grad=False)
+
+    def forward(self, v):
+        return self.weight @ v
+
+
+def test_a_weight_broadcast_over_batches_is_not_copied():
+    """The fuzzer (seed 303000141, fp32 via the backend: a hang): aot_autograd expands a weight of 5 x 511 x 512
+    over 93 batches and flattens it for a bmm, which is no view; trnc copied the 486 MB to HBM and its schedule
+    took minutes (here: a scratch tensor of 160 x 2 x 128 x 128, too big for fold to make a constant of). Now the
+bmm is the broadcasting matmul of the weight: no scratch tensor."""
+    from trnc.isa.program import TensorKind
+    model, v = BroadcastWeightBatches(), torch.randn(160, 2, 128, 1)
+    assert_like_eager(run(model, (v,), "backend"), model(v))
+    (region,) = trnc.backend.last_report().regions
+    assert not region.program.tensors_of(TensorKind.SCRATCH)
