@@ -1,4 +1,4 @@
-"""Benchmark: modeled efficiency of the compiler's GEMM (passes/kernels/matmul.py) on trn2.
+"""Benchmark: modeled efficiency of the compiler's GEMM (passes/tile/kernels/matmul.py) on trn2.
 
 Goal (issue 4): a 4096x4096x4096 GEMM with bf16 operands reaches a modeled efficiency of at least 0.90,
 where efficiency = roofline / modeled time from `runtime.perf.simulate` (roofline: the larger of TensorE
@@ -20,13 +20,13 @@ import time
 from trnc import ir
 from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
-from trnc.passes.allocate import Allocate
-from trnc.passes.emit import Emit
+from trnc.passes.tile.allocate import Allocate
+from trnc.passes.tile.emit import Emit
 from trnc.options import Options
 from trnc.passes.pipeline import CompileState
-from trnc.passes.plan import PlanKernels
-from trnc.passes.schedule import Schedule
-from trnc.passes.tile import LowerToTiles
+from trnc.passes.graph.plan import PlanKernels
+from trnc.passes.tile.schedule import Schedule
+from trnc.passes.tile.lower import LowerToTiles
 from trnc.runtime.perf import simulate
 
 CASES = [  # (M, K, N, dtype)

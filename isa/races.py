@@ -345,7 +345,7 @@ def footprint(ap: AP) -> tuple:
     The bytes are rows base + i * stride + [0, width) when the access is a set of disjoint rows (the dim
     of largest stride of an HBM access; the outer free dim of an on-chip one), else one dense range.
     Rows keep column tiles of one matrix apart (stores of different columns of the same rows do not
-    conflict) at the cost of a few integer operations; passes/schedule.py orders instructions by them.
+    conflict) at the cost of a few integer operations; passes/tile/schedule.py orders instructions by them.
     """
     isz = ap.dtype.itemsize
     if ap.mem is Mem.HBM:

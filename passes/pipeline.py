@@ -21,20 +21,20 @@ from trnc.isa.asm import format_program
 from trnc.isa.config import HwConfig
 from trnc.isa.program import Instruction, Program
 from trnc.options import Options
-from trnc.passes.allocate import Allocate
-from trnc.passes.emit import Emit
-from trnc.passes.fold import FoldConstants
-from trnc.passes.fuse import Fuse
-from trnc.passes.layout import ChooseLayouts
-from trnc.passes.legalize import Legalize
-from trnc.passes.merge_matmuls import MergeMatmuls
-from trnc.passes.plan import PlanKernels
-from trnc.passes.precision import Precision
-from trnc.passes.schedule import Schedule
-from trnc.passes.simplify import Simplify
-from trnc.passes.tile import LowerToTiles
-from trnc.passes.tiles import TileProgram
-from trnc.passes.tiles_verify import verify_tiles
+from trnc.passes.tile.allocate import Allocate
+from trnc.passes.tile.emit import Emit
+from trnc.passes.graph.fold import FoldConstants
+from trnc.passes.graph.fuse import Fuse
+from trnc.passes.graph.layout import ChooseLayouts
+from trnc.passes.graph.legalize import Legalize
+from trnc.passes.graph.merge_matmuls import MergeMatmuls
+from trnc.passes.graph.plan import PlanKernels
+from trnc.passes.graph.precision import Precision
+from trnc.passes.tile.schedule import Schedule
+from trnc.passes.graph.simplify import Simplify
+from trnc.passes.tile.lower import LowerToTiles
+from trnc.passes.tile.tiles import TileProgram
+from trnc.passes.tile.verify import verify_tiles
 
 
 @dataclass

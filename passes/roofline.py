@@ -2,7 +2,7 @@
 
 A program has two rooflines, from one formula (isa/cost.py Roofline) and the same compulsory HBM bytes:
 the performance model's, of the MACs the program executes (runtime/perf.py), and the model's, of the MACs
-the model asks for (passes/kernel_kinds.py kernel_macs: its matmuls and attentions as eager computes them).
+the model asks for (passes/graph/kernel_kinds.py kernel_macs: its matmuls and attentions as eager computes them).
 A compiled model's efficiency is against the model's, which no extra work of a kernel plan (padding,
 recomputation) can inflate; the other stays as `executed_macs_efficiency`. A model loaded from an artifact
 gets the program's (program_stats), and the compile-side stats saved with it on top.
@@ -13,7 +13,7 @@ from trnc import ir
 from trnc.isa import cost
 from trnc.isa.config import HwConfig
 from trnc.isa.dtypes import DType
-from trnc.passes.kernel_kinds import kernel_macs
+from trnc.passes.graph.kernel_kinds import kernel_macs
 from trnc.runtime.perf import PerfReport
 
 ENGINES = ("pe", "act", "dve", "pool")

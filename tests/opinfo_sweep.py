@@ -262,7 +262,7 @@ def _short(text, limit: int = 160) -> str:
 
 
 def _trnc_frame(error: BaseException) -> str | None:
-    """'passes/tile.py:120': where in trnc's code the error started: the innermost trnc frame of the last error
+    """'passes/tile/lower.py:120': where in trnc's code the error started: the innermost trnc frame of the last error
     in its chain of causes that passed through trnc (a pass's IndexError, not the TrncError wrapping it)."""
     where = None
     while error is not None:

@@ -17,8 +17,8 @@ from trnc.errors import TrncError
 from trnc.interpret import run_graph
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
-from trnc.passes.fold import FoldConstants
-from trnc.passes.legalize import Legalize
+from trnc.passes.graph.fold import FoldConstants
+from trnc.passes.graph.legalize import Legalize
 
 
 class Block(nn.Module):

@@ -102,9 +102,9 @@ def test_encoder_block_fp32_and_bf16():
 def _depth_bound(model, args) -> float:
     from trnc.capture import capture
     from trnc.isa.config import get_target
-    from trnc.passes.fold import FoldConstants
-    from trnc.passes.fuse import Fuse
-    from trnc.passes.legalize import Legalize
+    from trnc.passes.graph.fold import FoldConstants
+    from trnc.passes.graph.fuse import Fuse
+    from trnc.passes.graph.legalize import Legalize
     from trnc.options import Options
     from trnc.passes.pipeline import CompileState
     graph, _ = capture(model.eval(), args)

@@ -13,8 +13,8 @@ def test_wheel_installs_trnc_isa_runtime_passes(tmp_path):
     wheel = next((tmp_path / "dist").glob("trnc-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ("trnc/isa/opcodes.py", "trnc/isa/SPEC.md", "trnc/runtime/__init__.py",
-                     "trnc/passes/__init__.py", "trnc/passes/kernels/__init__.py", "trnc/cli/main.py",
-                     "trnc/runtime/jit/codegen.py"):
+                     "trnc/passes/__init__.py", "trnc/passes/graph/legalize.py", "trnc/passes/tile/kernels/__init__.py",
+                     "trnc/cli/main.py", "trnc/runtime/jit/codegen.py"):
         assert required in names
     assert not any(n.startswith(("isa/", "runtime/", "passes/")) for n in names)
     target = tmp_path / "site"

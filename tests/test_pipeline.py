@@ -53,7 +53,7 @@ def test_unknown_pass_name_is_an_error():
 
 def test_a_model_too_large_for_hbm_names_its_tensors():
     from trnc.isa.config import TARGETS
-    from trnc.passes.tile import LowerToTiles
+    from trnc.passes.tile.lower import LowerToTiles
 
     state = _state()
     for p in pipeline.PIPELINE[:pipeline.PASS_NAMES.index("tile")]:

@@ -36,7 +36,7 @@ from trnc.errors import TrncError, UnsupportedOpError
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.log import get_logger
-from trnc.passes.legalize_rules import pm_whole
+from trnc.passes.graph.legalize_rules import pm_whole
 
 # ops trnc lowers whole (a fused trnc op exists; legalize's rule table marks them), every overload: kept out of
 # the core decomposition table
@@ -229,7 +229,7 @@ def _legalizes_as_is(ep) -> bool:
     """Whether every op that depends on a user input already has a legalize rule, so the exported graph can
     skip `run_decompositions` (a second full trace, most of the capture time of a large model). Ops on
     parameters and buffers alone are computed at legalize time whatever they are."""
-    from trnc.passes.legalize_rules import pm_legalize
+    from trnc.passes.graph.legalize_rules import pm_legalize
     user = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
     dynamic: set = set()
     for n in ep.graph.nodes:

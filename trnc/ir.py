@@ -92,7 +92,7 @@ class Node:
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """What passes/plan.py decided about a kernel from its neighbours, fixed before tile: the tile pass and the
+    """What passes/graph/plan.py decided about a kernel from its neighbours, fixed before tile: the tile pass and the
     kernel lowerings only read it, so no choice that spans two kernels is made while lowering one of them."""
 
     partition_dim: Any = None    # the output dim on the partitions: layout's, or "m" for a rows hand-over
@@ -110,7 +110,7 @@ class KernelPlan:
 class Kernel:
     """A fusion group: nodes computed together on chip, reading `inputs` from HBM, writing `output`.
 
-    kind: a row of passes/kernel_kinds.py. Precision sets `compute_dtype`; layout sets `partition_dim`
+    kind: a row of passes/graph/kernel_kinds.py. Precision sets `compute_dtype`; layout sets `partition_dim`
     (the output dim on the 128 partitions by the kernel's own cost; for matmul 'm' or 'n'); plan sets
     `plan`, which tile reads.
     """

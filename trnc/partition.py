@@ -3,7 +3,7 @@
 The backend (trnc/backend.py) hands this module a static Core-ATen fx graph (aot_autograd's forward,
 specialized to concrete shapes, its weights frozen by `freeze` into get_attr constants). A node is a device
 candidate when its tensors are of dtypes the machine holds and legalize has a rule for its op
-(passes/legalize_rules.py `pm_legalize`) or it is deterministic and depends on constants alone (legalize
+(passes/graph/legalize_rules.py `pm_legalize`) or it is deterministic and depends on constants alone (legalize
 computes it with torch at compile time: creation ops, masks and tables built from buffers). torch's
 CapabilityBasedPartitioner groups candidates into the largest regions that keep the graph acyclic; each
 region becomes a submodule compiled by `trnc.compile`, and the nodes outside run in eager PyTorch between
@@ -26,7 +26,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from trnc.capture import source_of
 from trnc.dtypes import DTYPES
 from trnc.errors import TrncError, UnsupportedOpError
-from trnc.passes.legalize_rules import pm_legalize
+from trnc.passes.graph.legalize_rules import pm_legalize
 
 NO_RULE = "no legalize rule"
 CONSTANT = "a constant feeding eager code"

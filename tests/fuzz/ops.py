@@ -233,7 +233,7 @@ def _var_render(x, p, a):
 
 
 def _var_reference(lane, ev, x, p, a, metas, out):
-    """Two passes, as trnc lowers var/std (passes/legalize_rules.py) and eager computes it: the mean, the
+    """Two passes, as trnc lowers var/std (passes/graph/legalize_rules.py) and eager computes it: the mean, the
     centered squares, their sum; the intermediates are stored as lane.internal (bf16 under auto_cast="all")."""
     (x,) = x
     axes = _axes(a["dims"], x.dim()) if x.dim() else ()
@@ -416,7 +416,7 @@ def _sdpa_logits(lane, x, p, a, metas):
 
 def _sdpa_reference(lane, ev, x, p, a, metas, out):
     """scores (fp32 accumulation), scale, mask, softmax in fp32, P in the operand dtype, P v, / sum: the steps of
-    trnc's attention kernel (passes/kernels/attention.py)."""
+    trnc's attention kernel (passes/tile/kernels/attention.py)."""
     q, k, v, mask = _sdpa_operands(x, p, a)
     low = metas[0].dtype
     q, k, v = (lane.operand(t, low) for t in (q, k, v))

@@ -6,13 +6,13 @@ import numpy as np
 
 from trnc import ir
 from trnc.isa.config import get_target
-from trnc.passes.allocate import Allocate
-from trnc.passes.emit import Emit
+from trnc.passes.tile.allocate import Allocate
+from trnc.passes.tile.emit import Emit
 from trnc.options import Options
 from trnc.passes.pipeline import CompileState
-from trnc.passes.plan import PlanKernels
-from trnc.passes.schedule import Schedule
-from trnc.passes.tile import LowerToTiles
+from trnc.passes.graph.plan import PlanKernels
+from trnc.passes.tile.schedule import Schedule
+from trnc.passes.tile.lower import LowerToTiles
 from trnc.runtime import reference
 from trnc.runtime.jit import executor
 

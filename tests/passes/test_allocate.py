@@ -12,10 +12,10 @@ from trnc.capture import capture
 from trnc.errors import TrncError
 from trnc.isa.ap import Mem
 from trnc.isa.config import get_target
-from trnc.passes.allocate import SBUF_ALIGN
+from trnc.passes.tile.allocate import SBUF_ALIGN
 from trnc.options import Options
 from trnc.passes.pipeline import PIPELINE, CompileState
-from trnc.passes.tiles import Buffer
+from trnc.passes.tile.tiles import Buffer
 
 ALLOCATE = next(p for p in PIPELINE if p.name == "allocate")
 

@@ -10,8 +10,8 @@ from trnc.isa.enums import ActFunc
 from trnc.isa.program import Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.isa import races
-from trnc.passes import allocate, schedule
-from trnc.passes.tiles import TileBuilder, TileProgram
+from trnc.passes.tile import allocate, schedule
+from trnc.passes.tile.tiles import TileBuilder, TileProgram
 from trnc.runtime import reference
 
 HW = get_target("trn2")

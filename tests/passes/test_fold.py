@@ -14,7 +14,7 @@ from trnc.errors import TrncError
 from trnc.dtypes import array_of, tensor_of
 from trnc.interpret import evaluate, run_graph, store
 from trnc.isa.dtypes import DType
-from trnc.passes.fold import FOLD_MAX_ELEMENTS, FoldConstants
+from trnc.passes.graph.fold import FOLD_MAX_ELEMENTS, FoldConstants
 
 RNG = np.random.default_rng(0)
 F32 = DType.FP32
@@ -150,7 +150,7 @@ def test_the_interpreter_refuses_aten_nodes_and_wrong_inputs():
 
 def test_a_constant_attention_mask_is_folded_into_one_constant():
     from trnc.capture import capture
-    from trnc.passes.legalize import Legalize
+    from trnc.passes.graph.legalize import Legalize
 
     def causal(q):
         mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()

@@ -3,8 +3,8 @@ import numpy as np
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.fuse import fuse
-from trnc.passes.precision import apply_precision
+from trnc.passes.graph.fuse import fuse
+from trnc.passes.graph.precision import apply_precision
 
 F32 = DType.FP32
 

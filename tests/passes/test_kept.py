@@ -129,7 +129,7 @@ def test_rows_a_softmax_reads_stay_in_sbuf():
 def test_plan_puts_tokens_on_the_partitions_when_rows_can_stay_on_chip():
     """The plan gives such a matmul "m" (tokens on the partitions) and keeps its rows when they fit in
     KEEP_BYTES per partition, whatever layout chose, and leaves layout's choice when they do not."""
-    from trnc.passes.plan import KEEP_BYTES, plan_kernels
+    from trnc.passes.graph.plan import KEEP_BYTES, plan_kernels
     for m, n, fits in ((512, 768, True), (128 * 12, 768, False)):
         assert (m // 128 * n * 4 <= KEEP_BYTES) == fits
         inputs, kernels, _ = _linear_norm(m, 64, n)

@@ -1,4 +1,4 @@
-"""The fused attention kernel (passes/kernels/attention.py) against torch's scaled_dot_product_attention, through
+"""The fused attention kernel (passes/tile/kernels/attention.py) against torch's scaled_dot_product_attention, through
 tile/allocate/schedule/emit and both runtimes (the harness requires the reference and the JIT to agree bit for
 bit). Head dims that are multiples of 32 (below 128) take the transposed plan, the others the standard plan.
 

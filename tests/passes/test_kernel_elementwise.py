@@ -1,4 +1,4 @@
-"""Elementwise kernels (passes/kernels/elementwise.py) against torch, through tile/allocate/schedule/emit and
+"""Elementwise kernels (passes/tile/kernels/elementwise.py) against torch, through tile/allocate/schedule/emit and
 both runtimes (the harness requires the reference and the JIT to agree bit for bit).
 
 Tolerance: fp32 results within max|diff| / max|ref| <= 1e-5. IEEE operations (add, mul, div, sqrt, ...)
@@ -20,8 +20,8 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
 from trnc.isa.ap import Engine, Mem
 from trnc.isa.config import get_target
-from trnc.passes.kernels.elementwise import Operand, candidates, emit_chain
-from trnc.passes.tiles import TileBuilder, TileProgram
+from trnc.passes.tile.kernels.elementwise import Operand, candidates, emit_chain
+from trnc.passes.tile.tiles import TileBuilder, TileProgram
 
 F32, BF16, U8, I32 = DType.FP32, DType.BF16, DType.UINT8, DType.INT32
 RNG = np.random.default_rng(7)

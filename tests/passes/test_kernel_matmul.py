@@ -1,4 +1,4 @@
-"""The matmul kernel (passes/kernels/matmul.py, matmul_plan.py) against torch, through tile/allocate/schedule/emit
+"""The matmul kernel (passes/tile/kernels/matmul.py, matmul_plan.py) against torch, through tile/allocate/schedule/emit
 and both runtimes (the harness requires the reference and the JIT to agree bit for bit).
 
 Tolerances, from how the machine computes (isa/SPEC.md, matmul): every output element is one fp32
@@ -28,9 +28,9 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa.config import DMA_QUEUES, get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.races import footprint, footprints_overlap
-from trnc.passes.kernels import matmul, matmul_plan
-from trnc.passes.kernels.matmul_plan import Gemm, Plan, choose_orientation, make_plan
-from trnc.passes.tiles import HbmView, contiguous_strides
+from trnc.passes.tile.kernels import matmul, matmul_plan
+from trnc.passes.tile.kernels.matmul_plan import Gemm, Plan, choose_orientation, make_plan
+from trnc.passes.tile.tiles import HbmView, contiguous_strides
 
 F32, BF16, I32 = DType.FP32, DType.BF16, DType.INT32
 RNG = np.random.default_rng(11)

@@ -1,4 +1,4 @@
-"""Movement and gather kernels (passes/kernels/movement.py): copies of views straight from HBM to HBM, cat and
+"""Movement and gather kernels (passes/tile/kernels/movement.py): copies of views straight from HBM to HBM, cat and
 gather, through tile/allocate/schedule/emit and both runtimes (bit-equal), checked exactly against numpy."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from trnc.isa.ap import MAX_COUNT, Mem
 from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.program import TensorKind
-from trnc.passes.kernels import movement
-from trnc.passes.tiles import TileBuilder, TileProgram
+from trnc.passes.tile.kernels import movement
+from trnc.passes.tile.tiles import TileBuilder, TileProgram
 
 F32, BF16, I32 = DType.FP32, DType.BF16, DType.INT32
 RNG = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""Reduce kernels (passes/kernels/reduce.py) against numpy, through tile/allocate/schedule/emit and both
+"""Reduce kernels (passes/tile/kernels/reduce.py) against numpy, through tile/allocate/schedule/emit and both
 runtimes (the harness requires the reference and the JIT to agree bit for bit).
 
 Most inputs are small integers (`ints`), whose fp32 sums are exact in any order while below 2^24, so every
@@ -19,7 +19,7 @@ import pytest
 import harness
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.kernels.reduce import candidates
+from trnc.passes.tile.kernels.reduce import candidates
 
 F32, BF16 = DType.FP32, DType.BF16
 RNG = np.random.default_rng(11)

@@ -1,4 +1,4 @@
-"""Row-wise kernels (passes/kernels/rowwise.py): softmax, log_softmax and layer_norm against torch, through
+"""Row-wise kernels (passes/tile/kernels/rowwise.py): softmax, log_softmax and layer_norm against torch, through
 tile/allocate/schedule/emit and both runtimes (the harness requires the reference and the JIT to agree bit for
 bit).
 
@@ -18,8 +18,8 @@ from harness import rel_err
 from trnc import ir
 from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
-from trnc.passes.kernels.rowwise import merged_rows, row_tiles
-from trnc.passes.tiles import HbmView
+from trnc.passes.tile.kernels.rowwise import merged_rows, row_tiles
+from trnc.passes.tile.tiles import HbmView
 
 F32, BF16 = DType.FP32, DType.BF16
 RNG = np.random.default_rng(11)

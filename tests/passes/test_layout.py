@@ -6,7 +6,7 @@ import harness
 from trnc import ir
 from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
-from trnc.passes.layout import choose_layouts, estimate
+from trnc.passes.graph.layout import choose_layouts, estimate
 
 F32 = DType.FP32
 HW = get_target("trn2")

@@ -15,8 +15,8 @@ from trnc.capture import capture, decomposition_table
 from trnc.errors import UnsupportedOpError
 from trnc.interpret import run_graph
 from trnc.isa.dtypes import DType
-from trnc.passes.fold import FoldConstants
-from trnc.passes.legalize import Legalize, pm_legalize
+from trnc.passes.graph.fold import FoldConstants
+from trnc.passes.graph.legalize import Legalize, pm_legalize
 
 REL_TOL = 1e-6
 

@@ -9,13 +9,13 @@ from trnc.isa.ap import Engine, Mem
 from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.program import TensorKind
-from trnc.passes.allocate import Allocate
-from trnc.passes.emit import Emit
-from trnc.passes.kernels.matmul_plan import Gemm, make_plan
+from trnc.passes.tile.allocate import Allocate
+from trnc.passes.tile.emit import Emit
+from trnc.passes.tile.kernels.matmul_plan import Gemm, make_plan
 from trnc.options import Options
 from trnc.passes.pipeline import CompileState
-from trnc.passes.schedule import Schedule
-from trnc.passes.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
+from trnc.passes.tile.schedule import Schedule
+from trnc.passes.tile.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
 from trnc.runtime import perf
 
 F32 = DType.FP32

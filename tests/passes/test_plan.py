@@ -9,7 +9,7 @@ import harness
 from trnc import ir
 from trnc.errors import VerifyError
 from trnc.isa.dtypes import DType
-from trnc.passes.plan import KEEP_BYTES, plan_kernels
+from trnc.passes.graph.plan import KEEP_BYTES, plan_kernels
 
 F32, BF16 = DType.FP32, DType.BF16
 RNG = np.random.default_rng(3)

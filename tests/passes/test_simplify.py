@@ -7,9 +7,9 @@ import torch
 from trnc import ir
 from trnc.interpret import run_graph
 from trnc.isa.dtypes import DType
-from trnc.passes.fuse import fuse
-from trnc.passes.merge_matmuls import merge_matmuls
-from trnc.passes.simplify import simplify
+from trnc.passes.graph.fuse import fuse
+from trnc.passes.graph.merge_matmuls import merge_matmuls
+from trnc.passes.graph.simplify import simplify
 
 F32 = DType.FP32
 RNG = np.random.default_rng(0)

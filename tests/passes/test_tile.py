@@ -13,13 +13,13 @@ from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc
 from trnc.isa.program import TensorKind
-from trnc.passes.allocate import Allocate
+from trnc.passes.tile.allocate import Allocate
 from trnc.options import Options
 from trnc.passes.pipeline import CompileState
-from trnc.passes.plan import PlanKernels
-from trnc.passes.tile import LowerToTiles
-from trnc.passes.tiles import Buffer, Tile, TileBuilder, TileProgram
-from trnc.passes.tiles_verify import check_tiles, verify_tiles
+from trnc.passes.graph.plan import PlanKernels
+from trnc.passes.tile.lower import LowerToTiles
+from trnc.passes.tile.tiles import Buffer, Tile, TileBuilder, TileProgram
+from trnc.passes.tile.verify import check_tiles, verify_tiles
 
 F32 = DType.FP32
 HW = get_target("trn2")

@@ -1,4 +1,4 @@
-"""legalize rules of matmuls and attention (registered in passes/legalize_table.py's `pm_legalize`)."""
+"""legalize rules of matmuls and attention (registered in passes/graph/legalize_table.py's `pm_legalize`)."""
 from __future__ import annotations
 
 import math
@@ -8,12 +8,12 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.kernels import attention as attention_kernel
-from trnc.passes.kernels.matmul_plan import on_vector_engines
-from trnc.passes.legalize_table import Unusable, rule
+from trnc.passes.tile.kernels import attention as attention_kernel
+from trnc.passes.tile.kernels.matmul_plan import on_vector_engines
+from trnc.passes.graph.legalize_table import Unusable, rule
 
 if TYPE_CHECKING:
-    from trnc.passes.legalize import Rewriter
+    from trnc.passes.graph.legalize import Rewriter
 
 
 def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:

@@ -31,13 +31,13 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import PARTITIONS
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
-from trnc.passes.tiles import HbmView, TileBuilder, Tile
+from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 FP32 = DType.FP32
 # tensor_scalar with sub/div is not a ScalarE op (the limits of tensor_scalar's op0/op1 in isa/opcodes.py)
 DVE_POOL = (Engine.DVE, Engine.POOL)
 PSUM_READERS = (Engine.ACT, Engine.DVE)   # GpSimdE cannot reach PSUM
-SBUF_ALIGN = 64    # passes/allocate.py rounds every SBUF buffer up to this many bytes
+SBUF_ALIGN = 64    # passes/tile/allocate.py rounds every SBUF buffer up to this many bytes
 DMA_CHUNK = 1 << 15   # bytes per DMA: a tile's transfer spreads over queues and the first rows arrive early
 
 
@@ -46,7 +46,7 @@ def merged_rows(*views: HbmView) -> tuple[HbmView, ...]:
     one allow and size-1 dims dropped; a 1-D shape becomes [1, C].
 
     The element order is unchanged, so row r of each result is row r of the flattened shape and the views
-    pair row for row: an input and an output written through a permuted view (tile.py storage_for) merge
+    pair row for row: an input and an output written through a permuted view (lower.py storage_for) merge
     only the dims that both can merge.
     """
     shape = views[0].shape
@@ -269,7 +269,7 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
 
 class _TransposedCopy:
     """The transpose of a layer norm's result in SBUF for the next matmul (plan.py hands_transpose_on_chip):
-    one [128, C / 128, R] tile, column c on partition c % 128, in block c // 128, which tile.py registers in
+    one [128, C / 128, R] tile, column c on partition c % 128, in block c // 128, which lower.py registers in
     the program's `transposed`. Each normalized fp32 row tile goes through TensorE in [128, 128] blocks (bits
     moved exactly) and the weight and bias, now per-partition operands, are applied as each block leaves
     PSUM: fp32 multiply, then add, then one rounding, as the row-major result computes them, so both

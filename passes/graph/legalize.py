@@ -1,6 +1,6 @@
 """legalize: Core ATen nodes (from trnc/capture.py) to the trnc op set of ir.py, the first graph pass.
 
-Each aten node is rewritten by its rule in `pm_legalize` (passes/legalize_rules.py), keyed by the
+Each aten node is rewritten by its rule in `pm_legalize` (passes/graph/legalize_rules.py), keyed by the
 aten op name; a rule reads the node's arguments bound by name to the op's schema (torch.fx's
 normalize_function, which calls the schema's `self` `input`) and builds trnc
 nodes with the Rewriter's helpers, which skip no-ops (a reshape to the same shape, a cast to the
@@ -29,9 +29,9 @@ from trnc.dtypes import array_of, tensor_of
 from trnc.errors import TrncError, UnsupportedOpError
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
-from trnc.passes.fold import too_big_to_fold
-from trnc.passes.legalize_rules import pm_legalize
-from trnc.passes.legalize_table import COMPARE_OPS, Unusable
+from trnc.passes.graph.fold import too_big_to_fold
+from trnc.passes.graph.legalize_rules import pm_legalize
+from trnc.passes.graph.legalize_table import COMPARE_OPS, Unusable
 
 CSE_CONST_ELEMENTS = 1024   # consts up to this size are shared by value
 # creation ops whose values are undefined: lowered to zeros by their rule, never computed with torch
@@ -306,7 +306,7 @@ def legalize_graph(graph: ir.Graph, rules) -> dict:
 
 @dataclass(frozen=True)
 class Legalize:
-    """Rewrite every aten node into trnc ops (rules: passes/legalize_rules.py) and drop what no output uses."""
+    """Rewrite every aten node into trnc ops (rules: passes/graph/legalize_rules.py) and drop what no output uses."""
 
     name: str = "legalize"
 

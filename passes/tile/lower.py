@@ -3,10 +3,10 @@
 Inputs, constants and outputs become INPUT, CONST and OUTPUT tensors; each kernel's result gets a
 SCRATCH tensor (or the OUTPUT tensor directly when it is a result of the model). Movement nodes
 that the strides allow (reshape, permute, expand, slice) become views at no cost; their consumers
-read through them. What crosses kernels was decided by the plan pass (passes/plan.py, each kernel's
+read through them. What crosses kernels was decided by the plan pass (passes/graph/plan.py, each kernel's
 ir.KernelPlan): a feature-major result gets [N, *batch, M] storage here, and the SBUF tile a kernel
 returns for its reader (a kept result, a transposed copy) is registered in the tile program here, so
-the reader finds it. The lowering of each kernel kind lives in passes/kernels/.
+the reader finds it. The lowering of each kernel kind lives in passes/tile/kernels/.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from trnc import ir
 from trnc.errors import TrncError
 from trnc.isa.program import TensorKind
-from trnc.passes import kernels
-from trnc.passes.kernels.movement import copy_view
-from trnc.passes.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
+from trnc.passes.tile import kernels
+from trnc.passes.tile.kernels.movement import copy_view
+from trnc.passes.tile.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
 
 
 def _safe(name: str) -> str:
@@ -167,7 +167,7 @@ def _check_hbm(tp: TileProgram) -> None:
 
 @dataclass(frozen=True)
 class LowerToTiles:
-    """Lower every kernel to tile instructions (passes/kernels/) as its plan says; values between kernels live in
+    """Lower every kernel to tile instructions (passes/tile/kernels/) as its plan says; values between kernels live in
     HBM, but for the hand-overs in SBUF the plan asked for and the kernels made."""
 
     name: str = "tile"

@@ -8,7 +8,7 @@ Rules (pm_fuse), in topological order:
   ops becomes one pass over each tile);
 - every other node (row-wise ops, reductions, attention, gathers, movement) is a kernel of its own.
 A node joins a kernel only if its other inputs come from earlier kernels, so kernels stay in
-dependency order. The kind a node opens and the kinds it may join are rows of passes/kernel_kinds.py.
+dependency order. The kind a node opens and the kinds it may join are rows of passes/graph/kernel_kinds.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from trnc import ir
-from trnc.passes.kernel_kinds import KIND_OF_OP, KINDS
+from trnc.passes.graph.kernel_kinds import KIND_OF_OP, KINDS
 
 
 def fuse(graph: ir.Graph) -> Counter:

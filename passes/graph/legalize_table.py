@@ -1,5 +1,5 @@
 """legalize's rule table: `rule` registers a rule for aten ops in `pm_legalize`; the rule modules
-(passes/legalize_rules.py and the ones it imports) fill it. Shared by them: the axis helpers.
+(passes/graph/legalize_rules.py and the ones it imports) fill it. Shared by them: the axis helpers.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The rules of legalize (passes/legalize.py): one per Core ATen op, aten name -> trnc nodes, registered in
-passes/legalize_table.py; the matmul and attention rules are in passes/legalize_matmul.py.
+"""The rules of legalize (passes/graph/legalize.py): one per Core ATen op, aten name -> trnc nodes, registered in
+passes/graph/legalize_table.py; the matmul and attention rules are in passes/graph/legalize_matmul.py.
 
 A rule is `rule(rw, node, a)`: `rw` the Rewriter (its helpers build trnc nodes and skip no-ops),
 `node` the aten node (its shape and dtype are the result torch computed), `a` the arguments bound
@@ -18,11 +18,11 @@ import torch
 from trnc import ir
 from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
-from trnc.passes import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
-from trnc.passes.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
+from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
+from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
 
 if TYPE_CHECKING:
-    from trnc.passes.legalize import Rewriter
+    from trnc.passes.graph.legalize import Rewriter
 
 # -- elementwise ---------------------------------------------------------------------------------------
 UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log", "sqrt": "sqrt",

@@ -54,7 +54,7 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import MOVING_FMAX, PARTITIONS, PSUM_BANK_BYTES
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
-from trnc.passes.tiles import HbmView, TileBuilder, Tile
+from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 FP32, BF16 = DType.FP32, DType.BF16
 P = PARTITIONS

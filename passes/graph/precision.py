@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.kernel_kinds import KINDS
+from trnc.passes.graph.kernel_kinds import KINDS
 from trnc.runtime.convert import from_fp32, to_fp32
 
 CONTRACT_KINDS = frozenset(k.name for k in KINDS.values() if k.contraction)   # matmul, attention

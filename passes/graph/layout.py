@@ -6,7 +6,7 @@ lowered into a scratch tile program and costed with isa/cost.py: the estimate is
 engine class (TensorE; the three vector engines together; the 16 DMA queues together). A linear
 layer with a per-feature bias thus keeps features on the partitions (the bias becomes a
 per-partition operand of the evacuation), while row-wise ops keep tokens there. Each choice is the
-kernel's own; the plan pass (passes/plan.py) may then overrule it where a neighbour gains more (a
+kernel's own; the plan pass (passes/graph/plan.py) may then overrule it where a neighbour gains more (a
 matmul handing its rows to a layer norm in SBUF). Kernels of the same signature (a repeated layer)
 reuse the first decision.
 """
@@ -19,8 +19,8 @@ from trnc.isa import cost
 from trnc.isa.ap import Engine
 from trnc.isa.config import DMA_QUEUES, HwConfig
 from trnc.isa.program import TensorKind
-from trnc.passes import kernels
-from trnc.passes.tiles import TileBuilder, TileProgram
+from trnc.passes.tile import kernels
+from trnc.passes.tile.tiles import TileBuilder, TileProgram
 
 VECTOR_ENGINES = 3
 

@@ -23,7 +23,7 @@ from trnc.errors import VerifyError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import PARTITIONS
 from trnc.isa.opcodes import BY_NAME, Role
-from trnc.passes.tiles import Buffer, Tile, TileInstr, TileProgram
+from trnc.passes.tile.tiles import Buffer, Tile, TileInstr, TileProgram
 
 ERROR_LIMIT = 10
 MEMORY_BYTES = {Mem.SBUF: "sbuf_bytes_per_partition", Mem.PSUM: "psum_bytes_per_partition"}

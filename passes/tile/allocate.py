@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from trnc.errors import TrncError
 from trnc.isa.ap import Mem
 from trnc.isa.config import PSUM_BANK_BYTES, PSUM_BANKS
-from trnc.passes.tiles import Buffer, Tile, TileProgram
+from trnc.passes.tile.tiles import Buffer, Tile, TileProgram
 
 SBUF_ALIGN = 64   # bytes; keeps every dtype's offsets aligned
 

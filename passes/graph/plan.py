@@ -16,7 +16,7 @@ neighbours is decided here, before tile, so the tile pass and the kernel lowerin
   matmul its transpose in SBUF (C on the partitions of both operands); the HBM copy is still stored
   for the other readers.
 - feature-major stores: a matmul result with N on the partitions that only matmuls and attentions
-  read (through views) is stored [N, *batch, M], so stores and loads are whole rows (tile.py).
+  read (through views) is stored [N, *batch, M], so stores and loads are whole rows (lower.py).
 - row tiles: a matmul next to a row-wise kernel streams its rows in 128-row tiles, so the two
   overlap tile by tile (matmul_plan.make_plan).
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from trnc import ir
 from trnc.isa.config import PARTITIONS
-from trnc.passes.kernel_kinds import KINDS
+from trnc.passes.graph.kernel_kinds import KINDS
 
 KEEP_BYTES = 32 * 1024   # bytes per partition a value kept in SBUF between two kernels may take (of 192 KiB)
 VIEW_OPS = ("reshape", "permute", "slice", "expand", "copy")   # movement nodes tile turns into views

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from trnc.isa.ap import MAX_COUNT
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
-from trnc.passes.tiles import HbmView, TileBuilder, Tile
+from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 Box = tuple[tuple[int, int], ...]
 MIN_DMA_BYTES = 64 * 1024   # smaller pieces would spend more of their time on the ~600 ns fixed cost

@@ -1,6 +1,6 @@
 """Elementwise kernels (tile stage): a fused chain of unary, binary, scalar, where and cast nodes, box by box.
 
-The output's index space and every input's view of it are simplified together (passes/kernels/boxes.py);
+The output's index space and every input's view of it are simplified together (passes/tile/kernels/boxes.py);
 one dim goes on the partitions (the layout pass's choice when it made one) and the rest is cut into boxes
 of at most a few thousand elements per partition. Per box each input is loaded once, in its storage dtype:
 an input whose box varies only along the partitions (a bias column, a 0-d tensor) loads as a [P, 1] tile
@@ -25,10 +25,10 @@ from trnc import ir
 from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import COMPARISONS, ActFunc, AluOp
-from trnc.passes.kernels import boxes
-from trnc.passes.kernels.engines import emit
-from trnc.passes.kernels.movement import copy_view
-from trnc.passes.tiles import HbmView, TileBuilder, Tile
+from trnc.passes.tile.kernels import boxes
+from trnc.passes.tile.kernels.engines import emit
+from trnc.passes.tile.kernels.movement import copy_view
+from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 MAX_FREE = 8192            # elements per partition in one box: instructions and DMAs that hide their fixed cost
 SBUF_BUDGET = 64 * 1024    # bytes per partition live in one box, so several boxes are in flight

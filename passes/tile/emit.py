@@ -35,7 +35,7 @@ def lay_out_tensors(tensors: tuple[TensorDecl, ...], instructions: tuple[Instruc
                     outputs: list[str]) -> tuple[tuple[TensorDecl, ...], tuple[Instruction, ...]]:
     """The program's tensors in signature order: the INPUT declarations in the order of `inputs`, the OUTPUT
     ones in the order of `outputs`, each kind filling the positions its declarations held; the scratch tensors
-    no instruction touches (a value tile.py kept in SBUF keeps its HBM declaration until here) dropped; and the
+    no instruction touches (a value lower.py kept in SBUF keeps its HBM declaration until here) dropped; and the
     instructions with their HBM indices renumbered."""
     used = {ap.tensor for ins in instructions for _, ap, _ in ins.operands() if ap.mem is Mem.HBM}
     keep = [i for i, t in enumerate(tensors) if t.kind is not TensorKind.SCRATCH or i in used]

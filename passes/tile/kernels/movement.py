@@ -3,7 +3,7 @@
 A copy never passes through SBUF: one DMA reads any strided view (permuted, expanded, sliced) and writes
 another, converting the dtype on the way when the two differ. HBM access patterns have no partition
 limit, only at most four free dims of at most 65535 each, so the copy is cut into boxes
-(passes/kernels/boxes.py) of a sixteenth of it (between 64 KiB and 1 MiB), which the scheduler spreads
+(passes/tile/kernels/boxes.py) of a sixteenth of it (between 64 KiB and 1 MiB), which the scheduler spreads
 over the DMA queues. Views the tile pass can express without a copy (reshape, permute, expand, slice)
 never reach here; `cat` copies each input into its slice of the output. A gather loads 128 indices at a
 time onto the partitions of an int32 column and lets `dma_gather` fetch the table rows they name, a
@@ -19,8 +19,8 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import DMA_QUEUES
 from trnc.isa.dtypes import DType
-from trnc.passes.kernels import boxes
-from trnc.passes.tiles import HbmView, TileBuilder
+from trnc.passes.tile.kernels import boxes
+from trnc.passes.tile.tiles import HbmView, TileBuilder
 
 MAX_DMA_BYTES = 1 << 20    # per DMA of a copy; a copy spreads over all queues when it is large enough
 GATHER_COLUMNS = 4096      # table columns per gathered block (16 KiB per partition in fp32)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trnc import ir
-from trnc.passes.simplify import replace_uses
+from trnc.passes.graph.simplify import replace_uses
 
 
 def _weight(m: ir.Node):

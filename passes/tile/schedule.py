@@ -27,7 +27,7 @@ from trnc.isa.config import DMA_QUEUES
 from trnc.isa.decoding import no_gc
 from trnc.isa.races import footprint, footprints_overlap
 from trnc.isa.program import Instruction
-from trnc.passes.tiles import TileProgram
+from trnc.passes.tile.tiles import TileProgram
 
 FIRST_DMA = queue_index(Engine.DMA)
 NQ = len(QUEUES)

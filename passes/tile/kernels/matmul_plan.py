@@ -1,6 +1,6 @@
 """The plan of a matmul kernel: its operands as [batch..., K, X] views, the orientation, and the blocking.
 
-Part of the tile stage (passes/kernels/matmul.py emits the instructions this plan describes). The
+Part of the tile stage (passes/tile/kernels/matmul.py emits the instructions this plan describes). The
 machine computes psum[s, v] (+)= stationary[k, s]^T @ moving[k, v] with the contraction K on the
 partitions of both inputs, so both operands are read as [K, X] boxes: a as a^T ([K, M]) and b as is
 ([K, N]). Orientation "m" makes a^T the stationary side S (M on the PSUM partitions) and b the
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from trnc import ir
 from trnc.isa import cost
 from trnc.isa.config import DMA_QUEUES, MOVING_FMAX, PARTITIONS, PE_COLUMNS, HwConfig
-from trnc.passes.tiles import HbmView
+from trnc.passes.tile.tiles import HbmView
 
 STREAM_DEPTH = 4             # streamed tiles in SBUF at once: one computing, the rest loading ahead
 MOVING_WIDTHS = (512, 256, 128)  # moving tile widths to try, widest (fewest instructions) first
@@ -168,7 +168,7 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
               kept_bytes: int = 0) -> Plan:
     """The blocking for `orientation` (see the module docstring).
 
-    kept_bytes: bytes per partition of a value kept in SBUF (tile.py keep_on_chip) that the kernel writes
+    kept_bytes: bytes per partition of a value kept in SBUF (lower.py keep_on_chip) that the kernel writes
     or reads, live across the kernel; the operands plan on what it leaves.
 
     row_tiles: a neighbour of the kernel is a row-wise kernel (a layer norm) that works in tiles of 128

@@ -6,14 +6,14 @@ in), `out` is the contiguous HbmView to write the kernel's output to, `plan` the
 ir.KernelPlan (its partition dim and hand-overs). It returns the SBUF tile of a hand-over the plan
 asked for and the kernel made (a kept result, a transposed copy), else None. A module may also
 offer `candidates(kernel) -> list` (the partition dims it can use) for the layout pass. Which
-module lowers which kind is passes/kernel_kinds.py.
+module lowers which kind is passes/graph/kernel_kinds.py.
 """
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Callable
 
-from trnc.passes.kernel_kinds import KINDS
+from trnc.passes.graph.kernel_kinds import KINDS
 
 
 def module(kind: str) -> ModuleType:

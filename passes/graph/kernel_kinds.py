@@ -1,12 +1,12 @@
 """The kernel kinds: one row per kind of fused kernel, the only place the kinds are listed.
 
 Fuse opens a kernel of a kind for each node whose op its row lists, and the passes after it ask the
-row what they need: the module of passes/kernels/ that lowers it (layout, tile), whether it works
+row what they need: the module of passes/tile/kernels/ that lowers it (layout, tile), whether it works
 in tiles of 128 rows over the last axis (plan hands such kernels their rows in SBUF), whether it
 contracts on TensorE (precision narrows its compute dtype; plan stores what only contractions read
 feature-major), whether elementwise nodes may fuse into it (its result is still on chip, in a PSUM
 evacuation or an elementwise pass), and the MACs the model asks of it (the compute side of the
-roofline). A new kind of kernel is a row here and a module in passes/kernels/.
+roofline). A new kind of kernel is a row here and a module in passes/tile/kernels/.
 """
 from __future__ import annotations
 
@@ -34,14 +34,14 @@ def _attention_macs(att: ir.Node) -> int:
 class KernelKind:
     name: str
     ops: frozenset[str]     # the IR ops a kernel of this kind starts with
-    module: str             # its lowering, trnc.passes.kernels.<module>: lower(kb, kernel, views, out, plan)
+    module: str             # its lowering, trnc.passes.tile.kernels.<module>: lower(kb, kernel, views, out, plan)
     row_wise: bool = False     # over the last axis, in tiles of 128 rows
     contraction: bool = False  # a contraction on TensorE (matmul, attention)
     fusible: bool = False      # elementwise nodes that read its result may join it
     macs: Callable[[ir.Node], int] | None = None   # MACs of its first node, for contractions
 
     def lowering_module(self) -> ModuleType:
-        return importlib.import_module(f"trnc.passes.kernels.{self.module}")
+        return importlib.import_module(f"trnc.passes.tile.kernels.{self.module}")
 
 
 KINDS = {k.name: k for k in (

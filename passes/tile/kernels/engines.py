@@ -1,12 +1,12 @@
 """Engine choice for kernel instructions (tile stage): every engine the opcode allows, minus those that cannot
-run this instance, so the scheduler (passes/schedule.py) may pick whichever finishes first and never an
+run this instance, so the scheduler (passes/tile/schedule.py) may pick whichever finishes first and never an
 illegal one. GpSimdE cannot reach PSUM (a matmul result being evacuated), and ScalarE's tensor_scalar only
 adds and multiplies; the opcode table (isa/opcodes.py) holds both rules, read from there.
 """
 from __future__ import annotations
 
 from trnc.isa.opcodes import opspec
-from trnc.passes.tiles import TileBuilder, Tile, TileInstr
+from trnc.passes.tile.tiles import TileBuilder, Tile, TileInstr
 
 
 def allowed(opcode: str, fields: dict) -> tuple:

@@ -1,7 +1,7 @@
 """Reduce kernels (tile stage): sum, max or min of one tensor over any set of axes, accumulated in fp32.
 
 The input and the output (seen in the input's index space, with stride 0 along the reduced dims) are
-simplified together (passes/kernels/boxes.py), which keeps kept and reduced dims apart and merges runs
+simplified together (passes/tile/kernels/boxes.py), which keeps kept and reduced dims apart and merges runs
 of each. Two ways to use the 128 partitions, whichever the cost estimate favours:
 
 - kept on the partitions: each partition reduces its own rows along the free axis (tensor_reduce with a
@@ -21,10 +21,10 @@ from trnc import ir
 from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import AluOp, ReduceOp
-from trnc.passes.kernels import boxes
-from trnc.passes.kernels.engines import emit
-from trnc.passes.kernels.movement import copy_view
-from trnc.passes.tiles import HbmView, TileBuilder
+from trnc.passes.tile.kernels import boxes
+from trnc.passes.tile.kernels.engines import emit
+from trnc.passes.tile.kernels.movement import copy_view
+from trnc.passes.tile.tiles import HbmView, TileBuilder
 
 MAX_FREE = 4096          # input elements per partition in one box
 COMBINE = {ReduceOp.SUM: AluOp.ADD, ReduceOp.MAX: AluOp.MAX, ReduceOp.MIN: AluOp.MIN}

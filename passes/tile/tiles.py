@@ -1,6 +1,6 @@
 """The tile-level program: what the tile pass produces and allocate, schedule and emit consume.
 
-Kernels (passes/kernels/) describe their work as TileInstrs: an opcode, the engines that may run
+Kernels (passes/tile/kernels/) describe their work as TileInstrs: an opcode, the engines that may run
 it, and fields whose on-chip operands are Tiles of symbolic Buffers rather than addresses. HBM
 operands are already final APs over `TileProgram.tensors`. Allocate gives each Buffer its address,
 schedule picks an engine or DMA queue per instruction and derives the semaphores, emit builds the

@@ -1,7 +1,7 @@
 """The matmul kernel of the tile stage: a (batched) matmul and its elementwise epilogue as tile instructions.
 
 kernel.nodes[0] is the matmul (a [..., M, K] @ b [..., K, N], batch dims broadcast), the rest an
-elementwise epilogue evaluated on each PSUM tile as it is evacuated (passes/kernels/elementwise.py).
+elementwise epilogue evaluated on each PSUM tile as it is evacuated (passes/tile/kernels/elementwise.py).
 matmul_plan.py decides the orientation and the blocking; this module emits it. DMA is what limits
 transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one of 16 queues, neuroncore.md
 2.5), so most of this module decides the order and the size of DMAs:
@@ -30,7 +30,7 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   blocks are apart and run side by side, with M or N on the partitions, so they can be large
   (STORE_BYTES). Near the end of the kernel pieces shrink to what the queues move before TensorE
   finishes, down to one wave over the queues for the last block, which goes one sub-tile at a time when
-  M is on the partitions (store_bytes). An output stored feature-major (tile.py) is whole rows per
+  M is on the partitions (store_bytes). An output stored feature-major (lower.py) is whole rows per
   sub-tile, stored in disjoint pieces of partitions.
 - kept results: a result the plan keeps on chip for the next kernel (ir.KernelPlan.keep) is
   evacuated straight into one SBUF tile and never stored: [128, N / 128, M] for the next matmul, whose
@@ -54,11 +54,11 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa import cost
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
 from trnc.isa.dtypes import MATMUL_DTYPES, DType
-from trnc.passes.kernels import engines
-from trnc.passes.kernels.elementwise import Operand, emit_chain, immediate, load_operand
-from trnc.passes.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
+from trnc.passes.tile.kernels import engines
+from trnc.passes.tile.kernels.elementwise import Operand, emit_chain, immediate, load_operand
+from trnc.passes.tile.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
                                              choose_orientation, dma_nbytes, gemm_of, make_plan, shape_cycles)
-from trnc.passes.tiles import HbmView, TileBuilder, Tile
+from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per queue): TensorE starts after ~2 us
 DMA_MIN = 64 * 1024       # bytes per load DMA after that at least: the ~600 ns fixed cost is under a fifth of it
@@ -157,7 +157,7 @@ class _Region:
         DMAs when it is larger. Returns the chunk's bytes."""
         e, (x0, width) = self.e, self.cols
         kept = e.kb.program.on_chip(e.kx[self.side])
-        if kept is not None:      # the operand is in SBUF already (tile.py): no DMA
+        if kept is not None:      # the operand is in SBUF already (lower.py): no DMA
             self.tiles += [(kept.narrow(2, x0, width), kt) for kt in range(self.kt, e.k_tiles)]
             self.kt = e.k_tiles
             return 0
@@ -265,7 +265,7 @@ class _Emitter:
         # the resident side's sub-tiles lie along the free axis of the output tiles (the moving side) or on
         # their partitions; a block's tile is [P, sub-tile, W] either way, and M is its axis m_axis
         self.along_v = plan.resident == ("b" if plan.orientation == "m" else "a")
-        # N on the partitions and outermost in HBM (tile.py's feature-major storage): stores are whole rows
+        # N on the partitions and outermost in HBM (lower.py's feature-major storage): stores are whole rows
         self.rows_out = plan.orientation == "n" and gemm.out.strides[-1] > gemm.out.strides[-2]
         self.m_axis = {("m", True): 0, ("m", False): 1, ("n", True): 1, ("n", False): 2}[plan.orientation, self.along_v]
         # epilogue inputs the same for every streamed tile of a panel: constant along the streamed side's
@@ -279,7 +279,7 @@ class _Emitter:
 
     def keep_on_chip(self) -> Tile | None:
         """The SBUF tile the result stays in for the next kernel, when every output tile lies within one
-        128-row block of it; tile.py registers it in the program's `kept`, so the consumer reads it there.
+        128-row block of it; lower.py registers it in the program's `kept`, so the consumer reads it there.
         With N on the partitions (the next matmul's contraction operand) it is [128, N / 128, M], the
         feature-major result; with M on the partitions (a row-wise kernel's rows)
         [128, M / 128, N]. Either way row r of the stored [R, C] tensor is on partition r % 128, block r // 128."""
