@@ -2,10 +2,10 @@
 
 Each pass is a frozen dataclass with a `name` and `run(state) -> stats`. The manager knows nothing
 of particular passes: hooks run before and after each one (`Hook`), and give the timing, the
-verifier of the IR level the state has reached (VERIFIERS; in debug mode: `verify=True`, the
-default in tests), `print_after` (or TRNC_PRINT_AFTER=tile,emit / all: the IR, the tile program or
-the assembly after a pass) and the caller's progress line. Adding a pass is one line in PIPELINE.
-A failure inside a pass, or in the verifier after it, names the pass.
+verifier of the IR level the state has reached (VERIFIERS, with `verify=True`, the default; the tile
+level's only in debug mode, TRNC_DEBUG=1, as tests run), `print_after` (or TRNC_PRINT_AFTER=tile,emit /
+all: the IR, the tile program or the assembly after a pass) and the caller's progress line. Adding a pass
+is one line in PIPELINE. A failure inside a pass, or in the verifier after it, names the pass.
 """
 from __future__ import annotations
 
@@ -82,6 +82,9 @@ VERIFIERS: dict[str, Callable[[CompileState], None]] = {
     "graph": lambda state: ir.verify(state.graph),
     "tiles": lambda state: verify_tiles(state.tiles, state.graph, state.instructions),
 }
+# levels verified only in debug mode: the tile verifier re-derives every instruction's footprint, a large
+# share of a cold compile's tile time, and emit's ISA verifier checks the result anyway
+DEBUG_LEVELS = frozenset({"tiles"})
 
 
 def print_after_names(requested=()) -> set[str]:
@@ -136,7 +139,7 @@ class Verify(Hook):
 
     def after(self, name, state):
         check = VERIFIERS.get(state.level)
-        if check is not None:
+        if check is not None and (state.level not in DEBUG_LEVELS or flags.get("TRNC_DEBUG")):
             check(state)
 
 

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 # Every test runs the compiler's passes: a compiled model from an earlier run's disk cache would skip them.
 # The JIT's kernel cache stays on. Tests of the compile cache turn it on in their own folders.
 os.environ["TRNC_COMPILE_CACHE"] = "0"
+os.environ["TRNC_DEBUG"] = "1"   # the tile-level verifier after every tile pass
 
 
 @pytest.fixture(autouse=True)

@@ -114,3 +114,14 @@ def test_pass_progress_shows_each_pass():
     hook = pipeline.PassProgress(line)
     run_pipeline(_state(), hooks=(hook,))
     assert hook.steps == len(pipeline.PIPELINE) and line.steps == list(pipeline.PASS_NAMES)
+
+
+def test_the_tile_verifier_runs_in_debug_mode_only(monkeypatch):
+    seen = []
+    monkeypatch.setitem(pipeline.VERIFIERS, "tiles", lambda state: seen.append(state.level))
+    with flags.override(TRNC_DEBUG=False):
+        run_pipeline(_state())
+    assert seen == []
+    with flags.override(TRNC_DEBUG=True):
+        run_pipeline(_state())
+    assert seen

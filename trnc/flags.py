@@ -69,6 +69,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          "log level of the `trnc` logger: debug, info, warning (default) or error; debug also shows tracebacks"),
     Flag("TRNC_PRINT_AFTER", _names, tuple,
          "comma-separated pass names (or all): print the IR, tile program or assembly after each; default none"),
+    Flag("TRNC_DEBUG", _bool, lambda: False,
+         "1: debug mode: the tile-level verifier runs after every tile pass too (the suite sets it); default 0"),
     Flag("TRNC_ASSERT_CACHED", _bool, lambda: False,
          "1: any JIT compile (a kernel missing from the caches) raises an error, to check a warm run; default 0"),
 )}

@@ -39,6 +39,7 @@ TRNC_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(trnc.__file__))) + o
 TESTS = os.path.join(TRNC_ROOT, "tests") + os.sep
 
 os.environ["TRNC_COMPILE_CACHE"] = "0"   # backend regions compile through trnc.compile's default cache=True
+os.environ["TRNC_DEBUG"] = "1"           # the tile-level verifier after every tile pass
 
 
 @dataclass(frozen=True)
