@@ -275,6 +275,11 @@ FUZZED = {   # minimal programs the fuzzer shrank its failures to
     "layer_norm_reshapes_binary_log_softmax": (
         lambda x, y: F.log_softmax(F.layer_norm(x, (4,)).reshape(2, 3, 4).reshape(6, 4).reshape(3, 2, 4)
                                    .transpose(0, 1) + y, dim=0), (torch.randn(6, 4), torch.randn(2, 3, 4))),
+    # a bmm of an expanded tensor whose expand broadcasts a matrix dim too (a scalar of ones, and a row): the
+    # broadcasting-matmul rule of seed 303000141 took it for a batch broadcast (seeds 202006341, 202007060)
+    "matmul_of_ones_by_its_transpose": (lambda x: (x ** 0) @ (x ** 0).mT, (torch.randn(1, 1, 1, 1),)),
+    "matmul_of_an_expanded_row": (lambda x: x.expand(3, -1, 5, -1) @ x.expand(3, -1, 5, -1).transpose(-1, -2),
+                                  (torch.randn(2, 1, 129),)),
 }
 
 

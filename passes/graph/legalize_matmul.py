@@ -61,12 +61,13 @@ def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:
 
 
 def _batch_of(x: ir.Node) -> tuple[ir.Node, tuple[int, ...]] | None:
-    """For a bmm operand that flattens the batch dims of a tensor (through an expand, if any): that tensor
-    before the expand, and the flattened batch shape."""
+    """For a bmm operand that flattens the batch dims of a tensor (through an expand of its batch dims only, if
+    any): that tensor before the expand, and the flattened batch shape."""
     if x.op != "reshape" or len(x.shape) != 3 or x.inputs[0].shape[-2:] != x.shape[-2:]:
         return None
     src = x.inputs[0]
-    return (src.inputs[0] if src.op == "expand" else src), src.shape[:-2]
+    before = src.inputs[0] if src.op == "expand" else src
+    return (before, src.shape[:-2]) if before.shape[-2:] == x.shape[-2:] else None
 
 
 @rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
