@@ -14,6 +14,7 @@ PE_COLUMNS = 128          # 2.1, A2: stationary free size limit (M)
 MOVING_FMAX = 512         # 2.1, A2: moving free size limit (N) = one PSUM bank of fp32
 PSUM_BANKS = 8            # 1.1, A2-A4
 PSUM_BANK_BYTES = 2048    # 1.1, A2-A4: 8 banks x 2 KiB per partition
+FP32_PE_SLOWDOWN = 4      # 1.2, 2.1: TensorE takes fp32 operands at a quarter of its bf16 rate
 MIN_II = 64               # 4.5, ISA-OLD: Vector/Scalar/GpSimd minimum initiation interval, engine cycles
 GPSIMD_START = 150        # 4.5, ISA-OLD: GpSimd start overhead, cycles
 SEMAPHORES = 256          # trnc's fixed set of semaphores per core [INF]; waits/signals name 0..255
@@ -46,7 +47,7 @@ class HwConfig:
         if mx:
             return base * 4
         if dtype is DType.FP32:
-            return base // 4
+            return base // FP32_PE_SLOWDOWN
         if double_row and dtype.is_fp8:
             return base * 2
         return base

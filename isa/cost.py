@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trnc.isa.config import DMA_QUEUES, GPSIMD_START, MIN_II, MOVING_FMAX, PARTITIONS, PE_COLUMNS, HwConfig
+from trnc.isa.config import (DMA_QUEUES, FP32_PE_SLOWDOWN, GPSIMD_START, MIN_II, MOVING_FMAX, PARTITIONS, PE_COLUMNS,
+                             HwConfig)
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import AluOp
 
@@ -25,7 +26,7 @@ def matmul_cycles(stationary: int, moving: int, fp32: bool = False) -> int:
     """TensorE cycles of one matmul of `stationary` (M) by `moving` (N) columns: max(min(64, M), N), x4 for fp32
     inputs (2.1, ISA-OLD)."""
     cycles = max(min(64, stationary), moving)
-    return cycles * 4 if fp32 else cycles
+    return cycles * FP32_PE_SLOWDOWN if fp32 else cycles
 
 
 def matmul_seconds(stationary: int, moving: int, fp32: bool, hw: HwConfig) -> float:

@@ -162,7 +162,7 @@ class _Replay:
         sigs: list[int] = []
         try:
             for ins in instrs:
-                q = ins.engine + ins.queue
+                q = ins.engine + ins.queue      # isa/ap.py queue_index, inlined in the hot loop
                 try:                               # the program keeps every field tuple alive: ids stay unique
                     sig = seen[q][id(ins.args)]
                 except KeyError:

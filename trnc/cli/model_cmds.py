@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trnc.errors import TrncError
 from trnc.log import debug_enabled
+from trnc.isa.ap import Engine
 from trnc.isa.config import TARGETS
 from trnc.options import PRECISIONS, Options
 
@@ -106,10 +107,12 @@ def _print_after(values: list[str] | None) -> set[str]:
 
 def engine_table(program, stats: dict) -> list[str]:
     """One row per engine (the DMA queues as one): instructions, busy time, utilization and opcode counts."""
-    per_queue = Counter(ins.queue_name for ins in program.instructions)
+    dma_queues: set[str] = set()
     opcodes: dict[str, Counter] = {}
     for ins in program.instructions:
-        engine = "dma" if ins.queue_name.startswith("dma") else ins.queue_name
+        engine = "dma" if ins.engine is Engine.DMA else ins.queue_name
+        if engine == "dma":
+            dma_queues.add(ins.queue_name)
         opcodes.setdefault(engine, Counter())[str(ins.opcode)] += 1
     util = stats.get("engine_utilization", {})
     lines = [f"{'engine':<7} {'instrs':>7} {'busy us':>10} {'util':>7}  opcodes"]
@@ -118,9 +121,8 @@ def engine_table(program, stats: dict) -> list[str]:
         text = ", ".join(f"{op} {n}" for op, n in sorted(counts.items())) or "-"
         share = util.get(engine, 0.0)
         if engine == "dma":
-            queues = [q for q in per_queue if q.startswith("dma")]
-            share = sum(util.get(q, 0.0) for q in queues) / len(queues) if queues else 0.0
-            text += f" (on {len(queues)} queues)" if queues else ""
+            share = sum(util.get(q, 0.0) for q in dma_queues) / len(dma_queues) if dma_queues else 0.0
+            text += f" (on {len(dma_queues)} queues)" if dma_queues else ""
         lines.append(f"{engine:<7} {sum(counts.values()):>7} {busy * 1e6:>10.3f} {share:>7.1%}  {text}")
     lines.append(f"{'total':<7} {len(program.instructions):>7}")
     return lines

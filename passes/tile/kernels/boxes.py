@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
+from trnc.isa import cost
 from trnc.isa.ap import MAX_COUNT
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
@@ -184,7 +185,7 @@ def spread(kb: TileBuilder, dst, src) -> None:
     for a write whose partitions step less than its outermost free dim (a transposed layout), ranges of that
     free dim, so that each piece still covers its own span of HBM bytes: the scheduler orders writes whose
     spans overlap, which would run interleaved pieces one after another."""
-    row = max(dst.free_size, src.free_size) * max(dst.dtype.itemsize, src.dtype.itemsize)
+    row = cost.dma_nbytes(max(dst.free_size, src.free_size), dst.dtype, src.dtype)
     parts = dst.partitions
     pieces = max(1, min(DMA_QUEUES, row * parts // MIN_DMA_BYTES))
     hbm, tile = (dst, src) if isinstance(src, Tile) else (src, dst)

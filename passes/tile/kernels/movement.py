@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from trnc import ir
 from trnc.errors import UnsupportedOpError
+from trnc.isa import cost
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import DMA_QUEUES
 from trnc.isa.dtypes import DType
@@ -37,8 +38,8 @@ def copy_view(kb: TileBuilder, src: HbmView, dst: HbmView) -> None:
     regions = [space]
     if len(space.shape) == 1 and space.shape[0] > ROW:   # one contiguous run: rows, so a DMA has a useful shape
         regions = boxes.split(space, 0, ROW)
-    itemsize = max(dst.dtype.itemsize, src.dtype.itemsize)
-    total = math.prod(dst.shape) * itemsize
+    itemsize = cost.dma_nbytes(1, dst.dtype, src.dtype)
+    total = cost.dma_nbytes(math.prod(dst.shape), dst.dtype, src.dtype)
     budget = min(MAX_DMA_BYTES, max(boxes.MIN_DMA_BYTES, math.ceil(total / DMA_QUEUES))) // itemsize
     for region in regions:
         views = region.views
