@@ -10,6 +10,7 @@ these tables; no other file holds an opcode number or restates an operand's rule
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -118,8 +119,9 @@ class OpSpec:
                 return f
         raise KeyError(name)
 
-    @property
+    @functools.cached_property
     def aps(self) -> tuple[Field, ...]:
+        """The AP fields (cached: the verifier asks for them on every operand of every instruction)."""
         return tuple(f for f in self.fields if f.kind is Kind.AP)
 
     def memories(self, f: Field, engine: Engine) -> frozenset[Mem]:
