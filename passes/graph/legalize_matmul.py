@@ -70,6 +70,15 @@ def _batch_of(x: ir.Node) -> tuple[ir.Node, tuple[int, ...]] | None:
     return (before, src.shape[:-2]) if before.shape[-2:] == x.shape[-2:] else None
 
 
+def _before_broadcast(x: ir.Node, y: ir.Node) -> tuple[ir.Node, ir.Node] | None:
+    """For bmm operands that flatten the same batch shape, at least one through an expand: the tensors before
+    the expands, if their broadcast batch is that shape."""
+    bx, by = _batch_of(x), _batch_of(y)
+    if not (bx and by) or bx[1] != by[1] or not any(v.inputs[0].op == "expand" for v in (x, y)):
+        return None
+    return (bx[0], by[0]) if tuple(torch.broadcast_shapes(bx[0].shape[:-2], by[0].shape[:-2])) == bx[1] else None
+
+
 @rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
 def _mm(rw: Rewriter, n, a):
     """aten's matmul decomposition expands both operands to the broadcast batch shape and flattens them into a
@@ -77,11 +86,9 @@ def _mm(rw: Rewriter, n, a):
     matmul of the tensors before the expands (a weight of 5 x 511 x 512 broadcast over 93 batches was 486 MB
     copied to HBM and a schedule that took minutes; seed 303000141)."""
     x, y = a["input"], a.get("mat2", a.get("other", a.get("vec")))
-    bx, by = _batch_of(x), _batch_of(y)
-    if n.op == "aten.bmm.default" and bx and by and bx[1] == by[1] and any(
-            v.op == "expand" for v in (x.inputs[0], y.inputs[0])) and tuple(
-            torch.broadcast_shapes(bx[0].shape[:-2], by[0].shape[:-2])) == bx[1]:
-        return rw.reshape(_matmul(rw, bx[0], by[0], n.dtype), n.shape)
+    unexpanded = _before_broadcast(x, y) if n.op == "aten.bmm.default" else None
+    if unexpanded:
+        return rw.reshape(_matmul(rw, *unexpanded, n.dtype), n.shape)
     return _matmul(rw, x, y, n.dtype)
 
 

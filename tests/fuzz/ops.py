@@ -82,8 +82,10 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     "abs": (0, ("torch.abs({0})", "{0}.abs()")),
     "neg": (0, ("-{0}", "torch.neg({0})")),
 }
+MAGNIFIED_UNARY = ("relu", "exp")   # a flat piece, and a growth that outruns a linear bound (reference.py)
 for _name, (_ulps, _spellings) in UNARY.items():
-    OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps), magnified=lambda a, m=_name in ("relu", "exp"): m)
+    _magnified = _name in MAGNIFIED_UNARY
+    OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps), magnified=lambda a, m=_magnified: m)
 
 
 def _gelu(lane, ev, x, p, a, metas, out):
