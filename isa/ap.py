@@ -108,8 +108,13 @@ class AP:
 
     def free_extent(self) -> tuple[int, int]:
         """(lowest, highest) element offset reached by the free dims, relative to `offset`."""
-        lo = sum(min(0, s * (c - 1)) for s, c in self.dims)
-        hi = sum(max(0, s * (c - 1)) for s, c in self.dims)
+        lo = hi = 0
+        for stride, count in self.dims:
+            reach = stride * (count - 1)
+            if reach < 0:
+                lo += reach
+            else:
+                hi += reach
         return lo, hi
 
     def byte_range(self) -> tuple[int, int]:

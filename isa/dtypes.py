@@ -38,25 +38,14 @@ class DType(enum.Enum):
     UINT8 = DTypeInfo(8, 1, np.dtype(np.uint8), "int")
     INT32 = DTypeInfo(9, 4, np.dtype(np.int32), "int")
 
-    @property
-    def code(self) -> int:
-        return self.value.code
-
-    @property
-    def itemsize(self) -> int:
-        return self.value.itemsize
-
-    @property
-    def storage(self) -> np.dtype:
-        return self.value.storage
-
-    @property
-    def is_float(self) -> bool:
-        return self.value.kind == "float"
-
-    @property
-    def is_int(self) -> bool:
-        return self.value.kind == "int"
+    def __init__(self, info: DTypeInfo):
+        # Plain attributes, not properties over `.value`: the verifier and the runtime read them on
+        # every operand, and an enum's value lookup costs a descriptor call each time.
+        self.code: int = info.code
+        self.itemsize: int = info.itemsize
+        self.storage: np.dtype = info.storage
+        self.is_float: bool = info.kind == "float"
+        self.is_int: bool = info.kind == "int"
 
     @property
     def is_fp8(self) -> bool:
