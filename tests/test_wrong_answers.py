@@ -431,3 +431,30 @@ bmm is the broadcasting matmul of the weight: no scratch tensor."""
     assert_like_eager(run(model, (v,), "backend"), model(v))
     (region,) = trnc.backend.last_report().regions
     assert not region.program.tensors_of(TensorKind.SCRATCH)
+
+
+class TinyLinear(nn.Module):
+    def __init__(self, weight, bias):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(weight, requires_grad=False), nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+def test_a_tiny_bf16_linear_adds_its_bias_to_the_fp32_sum():
+    """The fuzzer, bf16 (seed 222001033): a linear with K = 3 over 256 rows runs on the vector engines as outer
+    products, which rounded x w to bf16 before adding the bias (as the matmul's output dtype), so where the bias
+    cancels the products (to about 1e-3) the result lost all its digits. Now the bias joins the fp32 sum, as in
+    TensorE's PSUM: trnc's error is within one bf16 rounding of the result plus fp32 accumulation."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 1, 3, generator=g).to(torch.bfloat16)
+    weight = torch.randn(8, 3, generator=g).to(torch.bfloat16)
+    products = x.double().unsqueeze(-2) * weight.double()                    # [256, 1, 8, 3]
+    bias = (-products[0, 0].sum(-1) + 1e-3).to(torch.bfloat16)               # cancels row 0's products
+    exact = products.sum(-1) + bias.double()
+    magnitude = products.abs().sum(-1) + bias.double().abs()
+    with torch.no_grad():
+        got = trnc.compile(TinyLinear(weight, bias), (x,), precision="bf16", auto_cast="all", cache=False)(x)
+    allowed = 2.0 ** -8 * exact.abs() + 4 * 2.0 ** -24 * magnitude
+    assert ((got.double() - exact).abs() <= allowed).all()

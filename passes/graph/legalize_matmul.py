@@ -10,33 +10,37 @@ from trnc import ir
 from trnc.isa.dtypes import DType
 from trnc.passes.tile.kernels import attention as attention_kernel
 from trnc.passes.tile.kernels.matmul_plan import on_vector_engines
-from trnc.passes.graph.legalize_table import Unusable, rule
+from trnc.passes.graph.legalize_table import Unusable, pm_whole, rule
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
 
 
-def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
+def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType, epilogue=None) -> ir.Node:
     """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast; an empty contraction
-    gives zeros."""
+    gives zeros. `epilogue(product, **arith)` (addmm's and linear's bias) applies before the product is rounded to
+    `dtype`: TensorE's kernel adds it to the fp32 sum in PSUM, so the vector engines' form adds it in fp32 too
+    (it added it after the cast: a bf16 linear whose products cancel its bias lost all its digits; seed
+    222001033)."""
+    epilogue = epilogue or (lambda x, **arith: x)
     a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
     b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
     batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
     (m, k), n = a2.shape[-2:], b2.shape[-1]
     shape = batch + (m, n)
     if k == 0:
-        out = rw.filled(0, shape, dtype)
+        out = epilogue(rw.filled(0, shape, dtype))
     elif on_vector_engines(math.prod(batch), m, k, n):
-        out = _outer_products(rw, a2, b2, dtype)
+        out = rw.cast(epilogue(_outer_products(rw, a2, b2), dtype=DType.FP32, keep_fp32=True), dtype)
     else:
-        out = rw.emit("matmul", (a2, b2), shape, dtype)
+        out = epilogue(rw.emit("matmul", (a2, b2), shape, dtype))
     shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
     return rw.reshape(out, shape)
 
 
-def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.Node:
-    """a @ b as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise chain,
-    whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
+def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node) -> ir.Node:
+    """a @ b in fp32 as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise
+    chain, whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
     PSUM, and rounds their operands to the matmul's operand dtype), so it computes what TensorE does (each
     product exact in fp32 for bf16 operands, accumulated over k = 0..K-1 in fp32) even where fusion splits the
     chain (the fuser follows one producer)."""
@@ -46,18 +50,19 @@ def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType) -> ir.No
         term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32,
                          keep_fp32=True)
         total = term if total is None else rw.binary("add", total, term, DType.FP32, keep_fp32=True)
-    return rw.cast(total, dtype)
+    return total
 
 
-def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha) -> ir.Node:
-    """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear)."""
+def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha, **arith) -> ir.Node:
+    """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear); `arith`: the
+    dtype and attributes of the arithmetic nodes."""
     if alpha != 1:
-        product = rw.scalar(product, "mul", alpha)
+        product = rw.scalar(product, "mul", alpha, **arith)
     if bias is None or beta == 0:
         return product
     if beta != 1:
-        bias = rw.scalar(bias, "mul", beta)
-    return rw.binary("add", product, bias)
+        bias = rw.scalar(bias, "mul", beta, **arith)
+    return rw.binary("add", product, bias, **arith)
 
 
 def _batch_of(x: ir.Node) -> tuple[ir.Node, tuple[int, ...]] | None:
@@ -79,6 +84,12 @@ def _before_broadcast(x: ir.Node, y: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     return (bx[0], by[0]) if tuple(torch.broadcast_shapes(bx[0].shape[:-2], by[0].shape[:-2])) == bx[1] else None
 
 
+# torch's table spells mv as a product and a sum in fp32, which auto_cast="all" narrows like any intermediate:
+# products rounded to bf16 before the sum (a matvec whose 41 terms cancel from 428 to -3 lost 0.2; seed
+# 222005423). Whole, it is a matmul: exact products, accumulated in fp32.
+pm_whole.add("aten.mv.default")
+
+
 @rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default")
 def _mm(rw: Rewriter, n, a):
     """aten's matmul decomposition expands both operands to the broadcast batch shape and flattens them into a
@@ -95,14 +106,14 @@ def _mm(rw: Rewriter, n, a):
 @rule("aten.addmm.default", "aten.baddbmm.default")
 def _addmm(rw: Rewriter, n, a):
     x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
-    return _scaled_add(rw, _matmul(rw, x, y, n.dtype), a["input"], a["beta"], a["alpha"])
+    return _matmul(rw, x, y, n.dtype, lambda p, **arith: _scaled_add(rw, p, a["input"], a["beta"], a["alpha"], **arith))
 
 
 @rule("aten.linear.default")
 def _linear(rw: Rewriter, n, a):
     weight = a["weight"]
     weight_t = rw.permute(weight, (1, 0)) if len(weight.shape) == 2 else weight
-    return _scaled_add(rw, _matmul(rw, a["input"], weight_t, n.dtype), a["bias"], 1, 1)
+    return _matmul(rw, a["input"], weight_t, n.dtype, lambda p, **arith: _scaled_add(rw, p, a["bias"], 1, 1, **arith))
 
 
 def _repeat_heads(rw: Rewriter, x: ir.Node, heads: int) -> ir.Node:

@@ -418,7 +418,10 @@ def _sdpa_logits(lane, x, p, a, metas):
 
 def _sdpa_reference(lane, ev, x, p, a, metas, out):
     """scores (fp32 accumulation), scale, mask, softmax in fp32, P in the operand dtype, P v, / sum: the steps of
-    trnc's attention kernel (passes/tile/kernels/attention.py)."""
+    trnc's attention kernel (passes/tile/kernels/attention.py). Where P is narrower than fp32, the error bound
+    of its rounding is added whole to each output element: an implementation may round P after the division
+    instead (a decomposed softmax does; so may eager), a different value from the lanes' own P (seed
+    111001791: bf16 attention over three keys)."""
     q, k, v, mask = _sdpa_operands(x, p, a)
     low = metas[0].dtype
     q, k, v = (lane.operand(t, low) for t in (q, k, v))
@@ -434,9 +437,10 @@ def _sdpa_reference(lane, ev, x, p, a, metas, out):
         scores = scores.masked_fill(hidden, -math.inf)
     e = lane.store((scores - scores.amax(-1, keepdim=True)).exp(), F32, 1)
     total = lane.acc(e.sum(-1, keepdim=True), e.sum(-1, keepdim=True), e.shape[-1], F32)
+    rounding = lane.operand_bound(e, low) @ v.abs() / total   # of P in the operand dtype, normalized or not
     e = lane.operand(e, low)
     o = lane.acc(e @ v, e @ v.abs(), e.shape[-1], F32)
-    return lane.store(o / total, out.dtype, 0.5)
+    return lane.store(o / total, out.dtype, 0.5, absolute=rounding)
 
 
 OPS["sdpa"] = OpDef(_sdpa_render, _sdpa_reference, _sdpa_params, logits=_sdpa_logits)

@@ -155,6 +155,13 @@ class Lane:
             return x
         return _round(x, torch.bfloat16 if self.mode.precision == "bf16" else dtype)
 
+    def operand_bound(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The largest error of feeding x as a matmul operand when the value rounded is the implementation's own
+        choice (attention's probabilities: trnc's kernel rounds them before the division by their sum, a
+        decomposed softmax after it, eager either): u |x| where the operand is narrower than fp32, else 0."""
+        low = (torch.bfloat16 if self.mode.precision == "bf16" else dtype) if self.noisy else torch.float32
+        return U[low] * x.abs() if low in (torch.bfloat16, torch.float16) else torch.zeros_like(x)
+
     def param(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """A parameter: trnc narrows every float constant to bf16 under auto_cast="all"."""
         return _round(t, torch.bfloat16) if self.perturbed and self.mode.precision == "bf16" else t
