@@ -41,6 +41,17 @@ def _level(text: str) -> str:
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("expected a whole number >= 1")
+    return int(text)
+
+
+def _torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
@@ -71,6 +82,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          "comma-separated pass names (or all): print the IR, tile program or assembly after each; default none"),
     Flag("TRNC_DEBUG", _bool, lambda: False,
          "1: debug mode: the tile-level verifier runs after every tile pass too (the suite sets it); default 0"),
+    Flag("TRNC_THREADS", _count, _torch_threads,
+         "host threads a JIT run uses for the program's queues; default torch's thread count; 1: the serial driver"),
     Flag("TRNC_ASSERT_CACHED", _bool, lambda: False,
          "1: any JIT compile (a kernel missing from the caches) raises an error, to check a warm run; default 0"),
 )}

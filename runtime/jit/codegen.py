@@ -28,6 +28,7 @@ class Codegen:
     def __init__(self):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
+        llvm.initialize_native_asmparser()   # the parallel driver's spin loop has an inline `pause`
         self.triple = llvm.get_process_triple()
         self.cpu = llvm.get_host_cpu_name()
         self.features = llvm.get_host_cpu_features().flatten()

@@ -5,7 +5,10 @@ computes the reference's execution order (runtime/reference.py's rule: each time
 queue in QUEUE_ORDER whose waits are met), turns each instruction into a kernel signature and an
 argument block (instructions with equal fields share both), compiles or fetches each distinct kernel
 through runtime/jit/cache.py, and lays out the driver table. `JitProgram.run` then binds the memories
-and makes one native call to the driver, which runs every instruction in that order.
+and makes one native call to the driver, which runs every instruction in that order; with TRNC_THREADS
+above 1 it runs the parallel driver instead (runtime/jit/parallel.py: the queues on that many threads, big
+instructions as pieces from runtime/jit/split.py, the table of each piece count laid out on first use),
+which gives the same bits.
 
 Memories: SBUF and PSUM are uint8 host buffers [128, bytes per partition] (0xFF bytes with fill_nan,
 which is NaN in every float dtype, so a read of unwritten memory shows), outputs and scratch tensors
@@ -36,7 +39,9 @@ from trnc.isa.opcodes import Kind, opspec
 from trnc.isa.program import Instruction, Program, TensorKind
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
+from trnc import flags
 from trnc.runtime.jit import kernels_move, kernels_pe, kernels_reduce, kernels_vector  # noqa: F401  (lowerings)
+from trnc.runtime.jit import parallel, split
 from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.library import Library
@@ -58,6 +63,7 @@ class Kernels:
         self.cache = cache if cache is not None else KernelCache(self.codegen)
         self._objects: dict[KernelSig, bytes] = {}
         self._driver: bytes | None = None
+        self._worker: bytes | None = None
 
     def object_code(self, sig: KernelSig) -> bytes:
         obj = self._objects.get(sig)
@@ -70,6 +76,13 @@ class Kernels:
         if self._driver is None:
             self._driver = self.cache.object_code(driver_ir(), what="the driver")
         return self._driver
+
+    def worker(self) -> bytes:
+        """The object code of the parallel driver's worker loop (runtime/jit/parallel.py)."""
+        if self._worker is None:
+            parallel.declare_runtime_symbols()
+            self._worker = self.cache.object_code(parallel.worker_ir(self.codegen.triple), what="the parallel driver")
+        return self._worker
 
     @property
     def signatures(self) -> list[KernelSig]:
@@ -101,6 +114,17 @@ class _Operand:
 
 
 @dataclass(frozen=True)
+class _DriverTable:
+    """The (kernel address, argument block address) rows the drivers walk, the blocks they point into, the
+    instruction index of each row, and the step count of each piece of each instruction in execution order."""
+
+    table: np.ndarray
+    blocks: np.ndarray
+    owners: list[int]
+    pieces: list[tuple[int, ...]]
+
+
+@dataclass(frozen=True)
 class _Step:
     """One call of the driver: a kernel, its native address and its argument words."""
 
@@ -123,20 +147,12 @@ class JitProgram:
         self.order = execution_order(program)
         self.stage_bytes = 0
         self._written: set[int] = set()   # HBM tensors some instruction writes
-        memo: dict[tuple, tuple[_Step, ...]] = {}           # all fields -> steps
+        self._memo: dict[tuple, tuple[_Step, ...]] = {}     # all fields -> steps
         self._static_memo: dict[tuple, tuple] = {}          # static fields -> staging, kernel and operand words
-        steps: list[_Step] = []
-        owners: list[int] = []   # instruction index of each driver step
-        for index in self.order:
-            ins = program.instructions[index]
-            key = _instruction_key(ins)
-            found = memo.get(key)
-            if found is None:
-                found = memo[key] = self._steps(ins)
-            steps.extend(found)
-            owners.extend([index] * len(found))
-        self.distinct_kernels = len({s.address for s in steps})
-        self._layout_table(steps, owners)
+        self._serial = self._driver_table(1)
+        self._parallel: dict[int, tuple[_DriverTable, parallel.Schedule]] = {}   # by piece count, on first use
+        self._worker = None
+        self.distinct_kernels = len(set(self._serial.table[:, 0].tolist()))
         self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                         ctypes.c_void_p)(self.library.address(DRIVER_SYMBOL, self.kernels.driver()))
 
@@ -193,24 +209,35 @@ class JitProgram:
     def stage_mem(self) -> int:
         return HBM_MEM0 + len(self.program.tensors)
 
-    def _layout_table(self, steps: list[_Step], owners: list[int]) -> None:
-        """All argument blocks in one int64 array (equal blocks stored once) and the (kernel, block) table."""
+    def _driver_table(self, parts: int) -> "_DriverTable":
+        """The driver table of the execution order, each instruction as up to `parts` pieces (runtime/jit/split.py;
+        1: whole). All argument blocks lie in one int64 array, equal blocks stored once."""
         offsets: dict[tuple, int] = {}
         words: list[int] = []
-        kernel_col, block_col = [], []
-        for step in steps:
-            at = offsets.get(step.words)
-            if at is None:
-                at = offsets[step.words] = len(words)
-                words.extend(step.words)
-            kernel_col.append(step.address)
-            block_col.append(at)
-        self._blocks = np.array(words or [0], dtype=np.int64)
-        table = np.empty((len(steps), 2), dtype=np.int64)
-        table[:, 0] = np.array(kernel_col, dtype=np.uint64).view(np.int64) if steps else 0
-        table[:, 1] = self._blocks.ctypes.data + 8 * np.array(block_col, dtype=np.int64)
-        self._table = table
-        self._owners = owners
+        kernel_col, block_col, owners, pieces = [], [], [], []
+        for index in self.order:
+            ins = self.program.instructions[index]
+            counts = []
+            for piece in split.pieces(ins, parts):
+                key = _instruction_key(piece)
+                found = self._memo.get(key)
+                if found is None:
+                    found = self._memo[key] = self._steps(piece)
+                for step in found:
+                    at = offsets.get(step.words)
+                    if at is None:
+                        at = offsets[step.words] = len(words)
+                        words.extend(step.words)
+                    kernel_col.append(step.address)
+                    block_col.append(at)
+                owners.extend([index] * len(found))
+                counts.append(len(found))
+            pieces.append(tuple(counts))
+        blocks = np.array(words or [0], dtype=np.int64)
+        table = np.empty((len(kernel_col), 2), dtype=np.int64)
+        table[:, 0] = np.array(kernel_col, dtype=np.uint64).view(np.int64) if kernel_col else 0
+        table[:, 1] = blocks.ctypes.data + 8 * np.array(block_col, dtype=np.int64)
+        return _DriverTable(table, blocks, owners, pieces)
 
     # -- run time -----------------------------------------------------------------------------------
 
@@ -258,13 +285,32 @@ class JitProgram:
         self._call([sbuf, psum, *hbm])
 
     def _call(self, mems: list[np.ndarray]) -> None:
-        """The one native call: the driver runs every step on the memories (plus a fresh staging buffer)."""
-        stage = np.zeros(max(self.stage_bytes, 1), dtype=np.uint8)
-        bases = np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64)
-        status = np.zeros(4, dtype=np.int64)
-        code = self._driver(self._table.ctypes.data, len(self._table), bases.ctypes.data, status.ctypes.data)
-        if code:
-            raise self._fault(code, status)
+        """The native run: the serial driver runs every step on the memories (plus a fresh staging buffer), or,
+        with TRNC_THREADS > 1 and more than one busy queue, the parallel driver's workers, a staging buffer each."""
+        threads = flags.get("TRNC_THREADS") if parallel.supported(self.kernels.codegen.triple) else 1
+        if threads > 1 and threads not in self._parallel:
+            driven = self._driver_table(threads)
+            self._parallel[threads] = driven, parallel.Schedule(self.program, self.order, driven.pieces)
+        if threads > 1:
+            driven, schedule = self._parallel[threads]
+            if schedule.queues < 2 and not schedule.split:
+                threads = 1   # one queue and nothing split: nothing to run concurrently
+        driven = self._serial if threads == 1 else driven
+        stages = [np.zeros(max(self.stage_bytes, 1), dtype=np.uint8) for _ in range(threads)]   # live to the end
+        bases = [np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64) for stage in stages]
+        statuses = [np.zeros(4, dtype=np.int64) for _ in range(threads)]
+        if threads == 1:
+            codes = [self._driver(driven.table.ctypes.data, len(driven.table), bases[0].ctypes.data,
+                                  statuses[0].ctypes.data)]
+        else:
+            if self._worker is None:
+                self._worker = parallel.worker_function(self.library.address(parallel.WORKER_SYMBOL,
+                                                                             self.kernels.worker()))
+            codes = schedule.run(self._worker, driven.table, bases, statuses)
+        faults = [(int(status[0]), code, status) for code, status in zip(codes, statuses) if code]
+        if faults:
+            _, code, status = min(faults, key=lambda f: f[0])   # the first in the serial order
+            raise self._fault(driven.owners, code, status)
 
     def _bind(self, index: int, value) -> np.ndarray:
         """The array holding input/constant tensor `index`: the caller's when usable in place, else a copy."""
@@ -273,8 +319,8 @@ class JitProgram:
             return np.array(array, order="C", copy=True)
         return array
 
-    def _fault(self, code: int, status: np.ndarray) -> ExecutionError:
-        index = self._owners[int(status[0])]
+    def _fault(self, owners: list[int], code: int, status: np.ndarray) -> ExecutionError:
+        index = owners[int(status[0])]
         ins = self.program.instructions[index]
         where = f"instruction {index} ({ins.opcode} on {ins.queue_name})"
         if code == FAULT_GATHER_INDEX:

@@ -20,7 +20,7 @@ from . import check, draw
 from .build import module_source, resolve
 from .program import Input, Program
 from .reference import Case
-from .run import AUTO_CAST, Config, Outcome
+from .run import AUTO_CAST, PARALLEL_THREADS, Config, Outcome
 
 HEADER = '''"""trnc fuzz reproducer: {signature} at precision={precision} via {via}.
 
@@ -41,6 +41,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import trnc
+from trnc import flags
 from trnc.errors import UnsupportedOpError
 
 '''
@@ -65,16 +66,20 @@ def main() -> int:
             ref = Model().double().eval()(*[a.double() if a.is_floating_point() else a for a in args])
         refs = [r if r.is_floating_point() else None for r in pytree.tree_leaves(ref)]
         try:
-            if VIA == "api":
-                compiled = trnc.compile(model, tuple(args), precision=PRECISION, auto_cast=AUTO_CAST, cache=False)
-                got = compiled(*args)
-            else:
-                options = {{"precision": PRECISION, "auto_cast": AUTO_CAST, "fallback": False}}
-                got = torch.compile(model, backend="trnc", options=options)(*args)
+            with flags.override(TRNC_THREADS=PARALLEL_THREADS):
+                if VIA == "api":
+                    compiled = trnc.compile(model, tuple(args), precision=PRECISION, auto_cast=AUTO_CAST, cache=False)
+                    got = compiled(*args)
+                else:
+                    options = {{"precision": PRECISION, "auto_cast": AUTO_CAST, "fallback": False}}
+                    got = torch.compile(model, backend="trnc", options=options)(*args)
         except UnsupportedOpError as e:
             print(f"trnc refuses the program (not this bug): {{e}}")
             return 0
         problems = compare(got, eager, refs, tolerances())
+        if not problems and VIA == "api":
+            with flags.override(TRNC_THREADS=1):
+                problems = same_bits(got, compiled(*args))
         if not problems and CHECK_REFERENCE:
             problems = same_bits(got, compiled.run_reference(*args))
     print("\\n".join(problems) if problems else "ok: trnc matches eager within the tolerance")
@@ -115,6 +120,7 @@ def source(program: Program, config: Config, outcome: Outcome, case: Case | None
     ins = ", ".join(f"draw({n.shape!r}, {n.dtype!r}, {n.kind!r}, {n.seed}, 1.0, {n.high})"
                     for n in program.nodes if isinstance(n, Input))
     constants = (f"PRECISION, AUTO_CAST, VIA = {config.precision!r}, {AUTO_CAST[config.precision]!r}, {config.via!r}\n"
+                 f"PARALLEL_THREADS = {PARALLEL_THREADS}\n"
                  f"CHECK_REFERENCE = {outcome.signature == 'mismatch:bits' or outcome.reference_run!r}\n"
                  f"SHAPES = {[tuple(t.shape) if t is not None else None for t in tols]!r}\n"
                  f"TOLERANCES = {[_packed(t) for t in tols]!r}\n")

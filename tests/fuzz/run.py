@@ -1,7 +1,8 @@
 """One program through trnc, classified: the Outcome of a Case under a Config.
 
 A Config is a precision (fp32: auto_cast="none"; bf16: auto_cast="all", every intermediate in bf16) and a way
-in: `api` is trnc.compile (with cache=False, so every program really compiles), `backend` is
+in: `api` is trnc.compile (with cache=False, so every program really compiles; its run on the parallel driver
+must agree bit for bit with a run on the serial one), `backend` is
 torch.compile(backend="trnc", options={"fallback": False}), so an op trnc cannot lower raises
 UnsupportedOpError instead of running in eager. Small programs on the api also run on the reference
 interpreter, which must agree with the JIT bit for bit.
@@ -23,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import trnc
+from trnc import flags
 from trnc.errors import UnsupportedOpError
 
 from .build import Invalid
@@ -33,6 +35,7 @@ from .reference import Case, prepare
 
 AUTO_CAST = {"fp32": "none", "bf16": "all"}
 VIAS = ("api", "backend")
+PARALLEL_THREADS = 3   # programs run on the parallel driver with more workers than cores (api: checked serially)
 REFERENCE_ELEMENTS = 2 ** 14   # programs whose values all stay below this also run on the reference interpreter
 KINDS = ("match", "mismatch", "error", "unsupported", "crash", "invalid")
 TRNC_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(trnc.__file__))) + os.sep
@@ -114,7 +117,8 @@ def compile_and_call(case: Case, config: Config):
 def run_case(case: Case, config: Config) -> Outcome:
     program = case.program
     try:
-        got, compiled = compile_and_call(case, config)
+        with flags.override(TRNC_THREADS=PARALLEL_THREADS):
+            got, compiled = compile_and_call(case, config)
     except UnsupportedOpError as e:
         return Outcome("unsupported", message=str(e), unsupported=unsupported_ops(str(e)), program=program)
     except Exception as e:
@@ -122,6 +126,12 @@ def run_case(case: Case, config: Config) -> Outcome:
     problems = compare(got, case.eager, case.ref, case.tol)
     if problems:
         return Outcome("mismatch", problems[0].split(":")[0], "\n".join(problems), program=program)
+    if compiled is not None:
+        with flags.override(TRNC_THREADS=1), torch.no_grad():
+            problems = same_bits(got, compiled(*case.inputs))
+        if problems:
+            return Outcome("mismatch", "threads", "the serial driver differs:\n" + "\n".join(problems),
+                           program=program)
     if not (config.reference and config.via == "api" and small(case)):
         return Outcome("match", program=program)
     try:

@@ -37,6 +37,14 @@ def scale_program() -> Program:
         Instruction.make("dma_copy", Engine.DMA, queue=1, dst=hbm(1, F32, shape), src=tile, waits=((1, 1),))))
 
 
+@pytest.fixture(autouse=True)
+def serial_driver():
+    """The counts below are those of the serial driver: the program's three kernels and the driver (the
+    parallel driver's worker would be one more object)."""
+    with flags.override(TRNC_THREADS=1):
+        yield
+
+
 def fresh_table() -> Kernels:
     """A kernel table as a new process would have it: a new Codegen (engine) and empty memory cache."""
     cg = Codegen()
@@ -140,7 +148,8 @@ NEW_PROCESS = textwrap.dedent("""
 def test_a_new_process_hits_the_disk_cache_through_the_environment(tmp_path):
     here = Path(__file__).resolve().parent
     script = NEW_PROCESS.format(tests=str(here))
-    env = {**os.environ, "TRNC_CACHE_DIR": str(tmp_path), "PYTHONPATH": f"{here.parent}{os.pathsep}{here}"}
+    env = {**os.environ, "TRNC_CACHE_DIR": str(tmp_path), "PYTHONPATH": f"{here.parent}{os.pathsep}{here}",
+           "TRNC_THREADS": "1"}
     runs = []
     for assert_cached in ("0", "1"):
         out = subprocess.run([sys.executable, "-c", script], env={**env, "TRNC_ASSERT_CACHED": assert_cached},

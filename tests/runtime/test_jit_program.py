@@ -231,7 +231,7 @@ def test_ten_thousand_instructions_compile_only_their_distinct_kernels():
     jp = JitProgram(program, verified=True, table=table)
     assert jp.distinct_kernels == 3 * 2 + 3   # tensor_tensor: 3 shapes x 2 ops; memset: 3 shapes
     assert table.count == 9 and table.cache.stats.misses + table.cache.stats.disk_hits == 9 + 1   # and the driver
-    assert len(jp._table) == len(instrs)
+    assert len(jp._serial.table) == len(instrs)
 
 
 def _memory_maps() -> int:

@@ -1,0 +1,263 @@
+"""The parallel driver: a program's queues run on several host threads, with the same result bits as one.
+
+Why it is safe: each queue is in order and the only order across queues is the semaphores'. The verifier
+proves that every two conflicting accesses on different queues are ordered by a semaphore chain, so every
+execution that honours each queue's order and each wait gives the bits of the serial order
+(runtime/reference.py's `execution_order`). The parallel driver runs one such execution.
+
+How: the instructions, in the serial order, are the *units* of work. Each unit waits on a few
+(queue, count) pairs: its queue predecessor (that queue has finished `pos` units), and for each semaphore
+wait (s, v), the unit that sends the v-th signal of s (a semaphore is signalled from one queue, so that
+queue having finished it means the count has reached v). The run is a legal execution. Workers (one
+native function, `trnc_worker`, called from one host thread each; ctypes releases the GIL) take the next
+unit from a shared counter, wait until its pairs are met, run its driver steps (staging copies, then its
+kernel) and publish the queue's new count with a release store. A waiting worker spins a few microseconds,
+then sleeps on a futex that every finished unit advances, so workers beyond the free cores cost no time
+(the machine may be running other work, or more workers than cores).
+
+No deadlock: units are taken in the serial order, and a unit waits only on units before it. The earliest
+unit not yet finished has every unit before it finished, so its worker always proceeds.
+Faults: a worker whose kernel fails lowers `stop` to its unit (an atomic min). Workers run no unit past
+`stop` and stop waiting for one, while every unit before it still runs, so the fault reported is the first
+one in the serial order, the one the serial driver reports, once, whatever the thread count.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+
+from trnc.isa.program import Program
+from trnc.runtime.jit.kernels import I8P, I32, I64, KERNEL_TYPE, i64
+from trnc.runtime.reference import QUEUE_ORDER
+
+WORKER_SYMBOL = "trnc_worker"
+# A unit's words: first step, step count, queue, position in the queue, first dependency, dependency count,
+# its instruction's rank in the serial order, and that instruction's piece count (runtime/jit/split.py).
+UNIT_WORDS = 8
+SPINS_BEFORE_SLEEP = 1 << 11   # pause-loop turns (a few microseconds) before a waiting worker sleeps
+# Words of the shared block: the next unit, the first faulting unit, the futex generation, the sleeping
+# workers, each queue's count of finished instructions, then each instruction's count of finished pieces.
+SHARED_NEXT, SHARED_STOP, SHARED_GENERATION, SHARED_SLEEPERS, SHARED_DONE = range(5)
+FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}   # Linux system call numbers
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+
+
+class Schedule:
+    """The units of a program for the parallel driver: int64 tables of units and (queue, count) dependencies."""
+
+    def __init__(self, program: Program, order: Sequence[int], pieces: Sequence[Sequence[int]]):
+        """`order`: instruction indices in the serial order; `pieces[k]`: the driver steps of each piece of the
+        k-th of them (one piece unless runtime/jit/split.py split it). The pieces of an instruction are units
+        with the same dependencies; the last of them to finish publishes the queue's count."""
+        queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
+        instructions = program.instructions
+        queued = [0] * len(QUEUE_ORDER)                      # units of each queue so far
+        signaller = [0] * program.num_semaphores             # the one queue that signals each semaphore
+        after: list[list[int]] = [[] for _ in signaller]     # per semaphore: its queue's units after each signal
+        units = np.zeros((sum(len(p) for p in pieces), UNIT_WORDS), dtype=np.int64)
+        row = 0
+        deps: list[tuple[int, int]] = []
+        step = 0
+        for k, index in enumerate(order):
+            ins = instructions[index]
+            q = queue_of[ins.queue_name]
+            need = {q: queued[q]}
+            for s, v in ins.waits:
+                if v > 0:   # met by the v-th signal of s, in the serial order already sent
+                    need[signaller[s]] = max(need.get(signaller[s], 0), after[s][v - 1])
+            wanted = [(dq, c) for dq, c in sorted(need.items()) if c > 0]
+            for steps in pieces[k]:
+                units[row] = (step, steps, q, queued[q], len(deps), len(wanted), k, len(pieces[k]))
+                row += 1
+                step += steps
+            deps.extend(wanted)
+            queued[q] += 1
+            for s in ins.signals:
+                signaller[s] = q
+                after[s].append(queued[q])
+        self.units = units
+        self.deps = np.array(deps or [(0, 0)], dtype=np.int64)
+        self.queues = sum(1 for c in queued if c)
+        self.split = row > len(order)   # some instruction runs as pieces
+
+    def run(self, worker, table: np.ndarray, bases: list[np.ndarray], statuses: list[np.ndarray]) -> list[int]:
+        """Run the units on len(bases) threads (the caller's is one); each thread's own memory bases (its own
+        staging buffer) and status words. Returns each worker's code (0, or the fault code of its unit)."""
+        shared = np.zeros(SHARED_DONE + len(QUEUE_ORDER) + len(self.units), dtype=np.int64)
+        shared[SHARED_STOP] = len(self.units)
+        codes = [0] * len(bases)
+
+        def work(w: int) -> None:
+            codes[w] = worker(self.units.ctypes.data, len(self.units), table.ctypes.data, self.deps.ctypes.data,
+                              bases[w].ctypes.data, statuses[w].ctypes.data, shared.ctypes.data)
+
+        threads = [threading.Thread(target=work, args=(w,), name=f"trnc-worker-{w}") for w in range(1, len(bases))]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join()
+        return codes
+
+
+def supported(triple: str) -> bool:
+    """Whether the host can run the parallel driver (its futex calls are Linux's); else runs are serial."""
+    return "linux" in triple and triple.split("-")[0] in FUTEX_SYSCALL
+
+
+def worker_function(address: int):
+    """The ctypes function of a loaded `trnc_worker` (units, n, steps, deps, mems, status, shared)."""
+    return ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.c_void_p] * 7)(address)
+
+
+def declare_runtime_symbols() -> None:
+    """Tell LLVM where libc's `syscall` is, for the worker's futex wait and wake (idempotent)."""
+    libc = ctypes.CDLL(None)
+    llvm.add_symbol("syscall", ctypes.cast(libc.syscall, ctypes.c_void_p).value)
+
+
+class _Worker:
+    """The IR of `trnc_worker` under construction: the shared words and the wait and wake helpers."""
+
+    def __init__(self, triple: str):
+        self.module = ir.Module(name=WORKER_SYMBOL)
+        args = [I64.as_pointer(), I64, I64.as_pointer(), I64.as_pointer(), I8P.as_pointer(), I64.as_pointer(),
+                I64.as_pointer()]
+        self.fn = ir.Function(self.module, ir.FunctionType(I32, args), name=WORKER_SYMBOL)
+        self.syscall = ir.Function(self.module, ir.FunctionType(I64, [I64], var_arg=True), name="syscall")
+        self.futex = FUTEX_SYSCALL[triple.split("-")[0]]
+        self.x86 = triple.startswith("x86_64")
+        self.units, self.n, self.steps, self.deps, self.mems, self.status, self.shared = self.fn.args
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+
+    def block(self, name: str) -> ir.Block:
+        return self.fn.append_basic_block(name)
+
+    def word(self, ptr, index):
+        return self.b.load(self.b.gep(ptr, [index], inbounds=True))
+
+    def shared_word(self, index) -> ir.Value:
+        return self.b.gep(self.shared, [index if isinstance(index, ir.Value) else i64(index)], inbounds=True)
+
+    def atomic(self, index, ordering="acquire"):
+        return self.b.load_atomic(self.shared_word(index), ordering, 8)
+
+    def generation(self) -> ir.Value:
+        """The futex word: the low half of SHARED_GENERATION (little endian)."""
+        return self.b.bitcast(self.shared_word(SHARED_GENERATION), I32.as_pointer())
+
+    def pause(self) -> None:
+        if self.x86:
+            self.b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "pause", "", side_effect=True), [])
+
+    def sleep(self, seen: ir.Value) -> None:
+        """futex_wait(generation, seen): returns at once unless the generation is still `seen`."""
+        self.b.call(self.syscall, [i64(self.futex), self.b.ptrtoint(self.generation(), I64), i64(FUTEX_WAIT_PRIVATE),
+                                   self.b.zext(seen, I64), i64(0)])
+
+    def wake(self) -> None:
+        """Advance the generation; wake every sleeper if there is one (a system call only then)."""
+        b = self.b
+        b.atomic_rmw("add", self.generation(), ir.Constant(I32, 1), "seq_cst")
+        with b.if_then(b.icmp_signed(">", self.atomic(SHARED_SLEEPERS, "seq_cst"), i64(0))):
+            b.call(self.syscall, [i64(self.futex), b.ptrtoint(self.generation(), I64), i64(FUTEX_WAKE_PRIVATE),
+                                  i64(2**31 - 1)])
+
+
+def worker_ir(triple: str) -> str:
+    """i32 trnc_worker(i64* units, i64 n, i64* steps, i64* deps, i8** mems, i64* status, i64* shared).
+
+    Loop: i = next++ (atomic); past n or stop: return 0. Wait until done[q] >= c for each dependency of unit i
+    (returning 0 if stop drops below i meanwhile): spin a while, then sleep on the generation futex. Call its
+    steps like the serial driver; if it is its instruction's last piece to finish, done[queue] = position + 1
+    (release) and wake. On a fault: status[0] = the step, stop = min(stop, i), wake, return the code.
+    """
+    w = _Worker(triple)
+    b = w.b
+    bb = {name: w.block(name) for name in ("take", "deps", "dep", "spin", "check", "pause", "sleep", "slept",
+                                           "next_dep", "run", "step", "stepped", "fault", "finish", "publish",
+                                           "done")}
+    b.branch(bb["take"])
+    b.position_at_end(bb["take"])                       # take the next unit
+    i = b.atomic_rmw("add", w.shared_word(SHARED_NEXT), i64(1), "monotonic")
+    past = b.or_(b.icmp_signed(">=", i, w.n), b.icmp_signed(">=", i, w.atomic(SHARED_STOP)))
+    row = b.mul(i, i64(UNIT_WORDS))
+    first_dep = w.word(w.units, b.add(row, i64(4)))
+    dep_end = b.add(first_dep, w.word(w.units, b.add(row, i64(5))))
+    b.cbranch(past, bb["done"], bb["deps"])
+
+    b.position_at_end(bb["deps"])                       # for each dependency (queue, count)
+    d = b.phi(I64, name="d")
+    d.add_incoming(first_dep, bb["take"])
+    b.cbranch(b.icmp_signed("<", d, dep_end), bb["dep"], bb["run"])
+    b.position_at_end(bb["dep"])
+    queue, count = w.word(w.deps, b.mul(d, i64(2))), w.word(w.deps, b.add(b.mul(d, i64(2)), i64(1)))
+    done_at = b.add(queue, i64(SHARED_DONE))
+    b.branch(bb["spin"])
+    b.position_at_end(bb["spin"])                       # until done[queue] >= count
+    spins = b.phi(I64, name="spins")
+    spins.add_incoming(i64(0), bb["dep"])
+    b.cbranch(b.icmp_signed(">=", w.atomic(done_at), count), bb["next_dep"], bb["check"])
+    b.position_at_end(bb["check"])                      # a fault before unit i ends the wait
+    stopped = b.icmp_signed("<", w.atomic(SHARED_STOP), i)
+    b.cbranch(stopped, bb["done"], bb["pause"])
+    b.position_at_end(bb["pause"])
+    more = b.add(spins, i64(1))
+    w.pause()
+    b.cbranch(b.icmp_signed(">", more, i64(SPINS_BEFORE_SLEEP)), bb["sleep"], bb["spin"])
+    spins.add_incoming(more, bb["pause"])
+    b.position_at_end(bb["sleep"])                      # sleep until some unit finishes (or a fault)
+    b.atomic_rmw("add", w.shared_word(SHARED_SLEEPERS), i64(1), "seq_cst")
+    seen = b.load_atomic(w.generation(), "seq_cst", 4)
+    unmet = b.and_(b.icmp_signed("<", w.atomic(done_at, "seq_cst"), count),
+                   b.icmp_signed(">=", w.atomic(SHARED_STOP, "seq_cst"), i))
+    with b.if_then(unmet):
+        w.sleep(seen)
+    b.atomic_rmw("sub", w.shared_word(SHARED_SLEEPERS), i64(1), "seq_cst")
+    b.branch(bb["slept"])
+    b.position_at_end(bb["slept"])
+    b.branch(bb["spin"])
+    spins.add_incoming(i64(SPINS_BEFORE_SLEEP), bb["slept"])   # still unmet: sleep again at once
+    b.position_at_end(bb["next_dep"])
+    d.add_incoming(b.add(d, i64(1)), bb["next_dep"])
+    b.branch(bb["deps"])
+
+    b.position_at_end(bb["run"])                        # its steps, as the serial driver calls them
+    first_step = w.word(w.units, row)
+    step_end = b.add(first_step, w.word(w.units, b.add(row, i64(1))))
+    b.branch(bb["step"])
+    b.position_at_end(bb["step"])
+    s = b.phi(I64, name="s")
+    s.add_incoming(first_step, bb["run"])
+    b.cbranch(b.icmp_signed("<", s, step_end), bb["stepped"], bb["finish"])
+    b.position_at_end(bb["stepped"])
+    slot = b.shl(s, i64(1))
+    kernel = b.inttoptr(w.word(w.steps, slot), KERNEL_TYPE.as_pointer())
+    args = b.inttoptr(w.word(w.steps, b.add(slot, i64(1))), I64.as_pointer())
+    code = b.call(kernel, [w.mems, args, w.status])
+    s.add_incoming(b.add(s, i64(1)), bb["stepped"])
+    b.cbranch(b.icmp_unsigned("!=", code, ir.Constant(I32, 0)), bb["fault"], bb["step"])
+    b.position_at_end(bb["fault"])
+    b.store(s, w.status)
+    b.atomic_rmw("min", w.shared_word(SHARED_STOP), i, "seq_cst")
+    w.wake()
+    b.ret(code)
+
+    b.position_at_end(bb["finish"])                     # the last piece to finish publishes
+    parts = w.word(w.units, b.add(row, i64(7)))
+    finished = w.shared_word(b.add(w.word(w.units, b.add(row, i64(6))), i64(SHARED_DONE + len(QUEUE_ORDER))))
+    last = b.icmp_signed("==", b.add(b.atomic_rmw("add", finished, i64(1), "acq_rel"), i64(1)), parts)
+    b.cbranch(last, bb["publish"], bb["take"])
+    b.position_at_end(bb["publish"])                    # the queue has finished position + 1 instructions
+    done = w.shared_word(b.add(w.word(w.units, b.add(row, i64(2))), i64(SHARED_DONE)))
+    b.store_atomic(b.add(w.word(w.units, b.add(row, i64(3))), i64(1)), done, "release", 8)
+    w.wake()
+    b.branch(bb["take"])
+    b.position_at_end(bb["done"])
+    b.ret(ir.Constant(I32, 0))
+    return str(w.module)
