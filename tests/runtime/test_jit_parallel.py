@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from aps import hbm, onchip
 from golden import GOLDENS
 from strategies import valid_programs
-from test_jit_program import inputs_for, outcome
+from test_jit_program import assert_same_outputs, inputs_for, outcome
 from trnc import flags
 from trnc.errors import ExecutionError, VerifyError
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
 from trnc.runtime import reference
-from trnc.runtime.convert import bits_equal_or_both_nan
 from trnc.runtime.jit import executor, parallel, split
 from trnc.runtime.jit.executor import load
 from trnc.runtime.reference import execution_order
@@ -35,23 +34,13 @@ def run_at(threads: int, program: Program, inputs, **kw):
         return outcome(executor.run, program, inputs, **kw)
 
 
-def assert_same(got, want, program: Program):
-    if isinstance(want, str) or isinstance(got, str):
-        assert got == want
-        return
-    assert set(got) == set(want)
-    for t in program.tensors:
-        if t.name in want:
-            assert bits_equal_or_both_nan(got[t.name], want[t.name], t.dtype).all(), t.name
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_programs(max_instructions=10))
 def test_random_programs_give_the_references_bits_at_every_thread_count(program):
     inputs = inputs_for(program, 0)
     want = outcome(reference.run, program, inputs)
     for threads in THREADS:
-        assert_same(run_at(threads, program, inputs), want, program)
+        assert_same_outputs(run_at(threads, program, inputs), want, program)
 
 
 def _bits(outputs):
@@ -145,7 +134,7 @@ def test_values_flowing_between_queues_give_the_references_bits_at_every_thread_
     inputs = {"x": np.random.default_rng(seed).standard_normal((32, WIDTH * SLOTS)).astype(np.float32)}
     want = reference.run(program, inputs)
     for threads in (*THREADS, *[3] * 8):
-        assert_same(run_at(threads, program, inputs), want, program)
+        assert_same_outputs(run_at(threads, program, inputs), want, program)
 
 
 def _fan_in(length: int) -> Program:
@@ -178,7 +167,7 @@ def test_a_wait_on_three_queues_orders_its_instruction_after_all_three():
     inputs = {"x": np.random.default_rng(0).standard_normal((128, 512)).astype(np.float32)}
     want = reference.run(program, inputs)
     for threads in (*THREADS, *[4] * 10):
-        assert_same(run_at(threads, program, inputs), want, program)
+        assert_same_outputs(run_at(threads, program, inputs), want, program)
 
 
 def test_the_schedule_waits_on_the_last_of_the_signals_a_wait_counts():
@@ -272,7 +261,7 @@ def test_big_instructions_run_as_pieces_with_the_bits_of_the_whole():
     loaded = load(program)
     for threads in (*THREADS, 3, 3):
         with flags.override(TRNC_THREADS=threads):
-            assert_same(loaded.run(inputs), want, program)
+            assert_same_outputs(loaded.run(inputs), want, program)
         table, schedule = loaded._parallel[threads]
         assert schedule.split and len(table.pieces[2]) == threads   # the first matmul, one piece per worker
 
