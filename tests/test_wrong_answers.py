@@ -280,6 +280,12 @@ FUZZED = {   # minimal programs the fuzzer shrank its failures to
     "matmul_of_ones_by_its_transpose": (lambda x: (x ** 0) @ (x ** 0).mT, (torch.randn(1, 1, 1, 1),)),
     "matmul_of_an_expanded_row": (lambda x: x.expand(3, -1, 5, -1) @ x.expand(3, -1, 5, -1).transpose(-1, -2),
                                   (torch.randn(2, 1, 129),)),
+    # attention over 2048 keys in the standard plan (head dims not a multiple of 32, or 128) filled PSUM with
+    # its score tiles: "PSUM is full" in allocate (seed 515001705; Llama's D = 128 at 2048 tokens too)
+    "causal_attention_over_2048_keys_of_one_dim": (lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True),
+                                                   (torch.randn(2048, 1),)),
+    "attention_over_2048_keys_of_head_dim_128": (lambda x: F.scaled_dot_product_attention(x, x, x),
+                                                 (torch.randn(1, 1, 2048, 128),)),
 }
 
 

@@ -136,7 +136,8 @@ def _attention(rw: Rewriter, n, a, shape, dtype):
         zero, minus_inf = rw.scalar_const(0.0, DType.FP32), rw.scalar_const(-math.inf, DType.FP32)
         mask = rw.where(mask, zero, minus_inf, DType.FP32)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    if attention_kernel.beyond_limits(q.shape[-1], v.shape[-1], k.shape[-2]):
+    staged = mask is not None or (bool(a["is_causal"]) and scale <= 0)
+    if attention_kernel.beyond_limits(q.shape[-1], v.shape[-1], k.shape[-2], staged):
         return _unfused_attention(rw, q, k, v, mask, float(scale), bool(a["is_causal"]), dtype)
     inputs = (q, k, v) + ((mask,) if mask is not None else ())
     return rw.emit("attention", inputs, shape, dtype, scale=float(scale), causal=bool(a["is_causal"]),

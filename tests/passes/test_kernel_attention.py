@@ -180,7 +180,8 @@ def test_bf16_compute_within_the_rounding_bound(d, out):
 
 @pytest.mark.parametrize("shape,match", [
     (((1, 8, 130), (1, 8, 130), (1, 8, 4)), r"head dim D=130.*D <= 128"),
-    (((1, 8, 16), (1, 2100, 16), (1, 2100, 4)), r"Sk=2100 keys.*Sk <= 2048"),
+    (((1, 8, 32), (1, 2100, 32), (1, 2100, 4)), r"Sk=2100 keys.*Sk <= 2048"),     # the transposed plan
+    (((1, 8, 16), (1, 1100, 16), (1, 1100, 4)), r"Sk=1100 keys.*Sk <= 1024"),     # the standard plan
     (((1, 8, 16), (1, 8, 16), (1, 8, 600)), r"value dim Dv=600.*Dv <= 511"),
 ])
 def test_shapes_beyond_the_kernel_are_errors_naming_the_limit(shape, match):

@@ -38,8 +38,9 @@ with GpSimdE's affine_select). Additive masks (and causal with scale <= 0): Scal
 to SBUF, the mask tile is added, causal entries are set to -inf (affine_select), and the standard
 plan runs on that tile, the softmax input as torch forms it (scale*S + mask).
 
-Limits: D <= 128 (the PE contraction), Dv <= 511 (Dv + 1 fp32 in one PSUM bank), Sk <= MAX_KEYS
-(the [128, Sk] fp32 score tile takes Sk/512 of PSUM's 8 banks); legalize lowers an attention beyond
+Limits: D <= 128 (the PE contraction), Dv <= 511 (Dv + 1 fp32 in one PSUM bank), Sk <= MAX_KEYS in the
+transposed plan and MAX_KEYS_STANDARD in the standard one (a [128, Sk] fp32 score tile takes Sk/512 of
+PSUM's 8 banks, and the standard plan keeps two in flight); legalize lowers an attention beyond
 them as two matmuls and a softmax (`beyond_limits`).
 """
 from __future__ import annotations
@@ -58,7 +59,8 @@ from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 FP32, BF16 = DType.FP32, DType.BF16
 P = PARTITIONS
-MAX_KEYS = 2048
+MAX_KEYS = 2048              # the transposed plan: S^T tiles of 128 keys, so only the [128, Sk] max row is wide
+MAX_KEYS_STANDARD = 1024     # the standard plan: two [128, Sk] fp32 score tiles in flight, plus P^T and O banks
 COMPUTE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 PSUM_READERS = (Engine.ACT, Engine.DVE)   # GpSimdE cannot reach PSUM
 DVE_POOL = (Engine.DVE, Engine.POOL)      # sub/div are not ScalarE tensor_scalar ops
@@ -83,9 +85,7 @@ class _Geometry:
 
     @property
     def transposed(self) -> bool:
-        """The S^T plan: needs no mask tile, a spare PE row (D < 128) that a compute engine may write
-        as one partition (the partition start rule: D a multiple of 32), and a spare PSUM column."""
-        return not self.staged and self.d % 32 == 0 and self.d < P and self.dv < MOVING_FMAX
+        return transposed_plan(self.d, self.dv, self.staged)
 
     def keys_of(self, q0: int, qn: int) -> int:
         """Keys a query tile [q0, q0+qn) attends to: all, or under causal those up to its last row."""
@@ -123,16 +123,26 @@ class _Item:
         return min(P, self.keys - j * P)
 
 
-def beyond_limits(d: int, dv: int, sk: int) -> str | None:
-    """Why the fused kernel cannot take head dim d, value dim dv and sk keys, or None when it can (legalize
-    lowers such an attention unfused, as two matmuls and a softmax)."""
+def transposed_plan(d: int, dv: int, staged: bool) -> bool:
+    """The S^T plan: needs no mask tile (not `staged`), a spare PE row (D < 128) that a compute engine may write
+    as one partition (the partition start rule: D a multiple of 32), and a spare PSUM column."""
+    return not staged and d % 32 == 0 and d < P and dv < MOVING_FMAX
+
+
+def beyond_limits(d: int, dv: int, sk: int, staged: bool) -> str | None:
+    """Why the fused kernel cannot take head dim d, value dim dv and sk keys (with a staged softmax: an additive
+    mask, or causal with scale <= 0), or None when it can (legalize lowers such an attention unfused, as two
+    matmuls and a softmax). The standard plan's score tiles fill PSUM at fewer keys than the transposed plan's
+    (at 1536 keys and more it failed in allocate, 'PSUM is full': Llama's D = 128 at 2048 tokens; fuzz seed
+    515001705)."""
     if d > P:
         return f"head dim D={d}: the fused kernel contracts over D on the {P} PE rows, so D <= {P}"
     if dv >= MOVING_FMAX:
         return (f"value dim Dv={dv}: the output tile [128, Dv + 1] fp32 must fit one PSUM bank, so "
                 f"Dv <= {MOVING_FMAX - 1}")
-    if not 1 <= sk <= MAX_KEYS:
-        return f"Sk={sk} keys: the fused kernel keeps a [128, Sk] fp32 score tile in PSUM, so 1 <= Sk <= {MAX_KEYS}"
+    most = MAX_KEYS if transposed_plan(d, dv, staged) else MAX_KEYS_STANDARD
+    if not 1 <= sk <= most:
+        return f"Sk={sk} keys: the fused kernel keeps [128, Sk] fp32 score tiles in PSUM, so 1 <= Sk <= {most} here"
     return None
 
 
@@ -146,14 +156,14 @@ def _geometry(kernel: ir.Kernel) -> _Geometry:
     if cd not in COMPUTE_DTYPES:
         raise UnsupportedOpError(f"attention with compute dtype {cd.text}{where}: the fused kernel computes in "
                                  f"{', '.join(t.text for t in COMPUTE_DTYPES)}")
-    problem = beyond_limits(d, dv, sk)
-    if problem:
-        raise UnsupportedOpError(f"attention{where}: {problem}")
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     causal, has_mask = bool(node.attrs.get("causal")), bool(node.attrs.get("has_mask"))
-    return _Geometry(tuple(batch), sq, sk, d, dv, cd, node.dtype, scale, causal,
-                     staged=has_mask or (causal and scale <= 0))
+    staged = has_mask or (causal and scale <= 0)
+    problem = beyond_limits(d, dv, sk, staged)
+    if problem:
+        raise UnsupportedOpError(f"attention{where}: {problem}")
+    return _Geometry(tuple(batch), sq, sk, d, dv, cd, node.dtype, scale, causal, staged)
 
 
 class _AttentionLowering:
