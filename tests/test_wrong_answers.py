@@ -283,9 +283,7 @@ FUZZED = {   # minimal programs the fuzzer shrank its failures to
     # attention over 2048 keys in the standard plan (head dims not a multiple of 32, or 128) filled PSUM with
     # its score tiles: "PSUM is full" in allocate (seed 515001705; Llama's D = 128 at 2048 tokens too)
     "causal_attention_over_2048_keys_of_one_dim": (lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True),
-                                                   (torch.randn(2048, 1),)),
-    "attention_over_2048_keys_of_head_dim_128": (lambda x: F.scaled_dot_product_attention(x, x, x),
-                                                 (torch.randn(1, 1, 2048, 128),)),
+                                                   (torch.randn(2048, 1, generator=torch.Generator().manual_seed(0)),)),
 }
 
 
@@ -464,3 +462,17 @@ def test_a_tiny_bf16_linear_adds_its_bias_to_the_fp32_sum():
         got = trnc.compile(TinyLinear(weight, bias), (x,), precision="bf16", auto_cast="all", cache=False)(x)
     allowed = 2.0 ** -8 * exact.abs() + 4 * 2.0 ** -24 * magnitude
     assert ((got.double() - exact).abs() <= allowed).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_over_2048_keys_of_head_dim_128_compiles_within_the_fp32_bound(causal):
+    """Llama's head dim at 2048 tokens filled PSUM in the standard plan ("PSUM is full" in allocate); it is lowered
+    unfused now. Bound: a sum of Sk fp32 terms errs by at most Sk * 2^-24 * sum |terms| (here sum_j p_j |v_j| <=
+    max |v|), against the float64 result."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 2048, 128, generator=g)
+    model = Fn(lambda t: F.scaled_dot_product_attention(t, t, t, is_causal=causal))
+    with torch.no_grad():
+        got = trnc.compile(model, (x,), cache=False)(x).double()
+    exact = F.scaled_dot_product_attention(x.double(), x.double(), x.double(), is_causal=causal)
+    assert float((got - exact).abs().max()) <= 2048 * 2.0 ** -24 * float(x.abs().max())
