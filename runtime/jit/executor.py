@@ -151,7 +151,7 @@ class JitProgram:
         self._static_memo: dict[tuple, tuple] = {}          # static fields -> staging, kernel and operand words
         self._serial = self._driver_table(1)
         self._parallel: dict[int, tuple[_DriverTable, parallel.Schedule]] = {}   # by piece count, on first use
-        self._worker = None
+        self._worker_call = None   # the ctypes function of the worker, on the first parallel run
         self.distinct_kernels = len(set(self._serial.table[:, 0].tolist()))
         self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                         ctypes.c_void_p)(self.library.address(DRIVER_SYMBOL, self.kernels.driver()))
@@ -303,10 +303,10 @@ class JitProgram:
             codes = [self._driver(driven.table.ctypes.data, len(driven.table), bases[0].ctypes.data,
                                   statuses[0].ctypes.data)]
         else:
-            if self._worker is None:
-                self._worker = parallel.worker_function(self.library.address(parallel.WORKER_SYMBOL,
+            if self._worker_call is None:
+                self._worker_call = parallel.worker_function(self.library.address(parallel.WORKER_SYMBOL,
                                                                              self.kernels.worker()))
-            codes = schedule.run(self._worker, driven.table, bases, statuses)
+            codes = schedule.run(self._worker_call, driven.table, bases, statuses)
         faults = [(int(status[0]), code, status) for code, status in zip(codes, statuses) if code]
         if faults:
             _, code, status = min(faults, key=lambda f: f[0])   # the first in the serial order

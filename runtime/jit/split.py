@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trnc.isa.ap import AP
+from trnc.isa.ap import AP, Mem
 from trnc.isa.enums import Rounding
 from trnc.isa.program import Instruction
 
@@ -67,7 +67,7 @@ def _rows(ap: AP, lo: int, hi: int) -> AP:
 def _by_partitions(ins: Instruction, count: int) -> tuple[Instruction, ...]:
     operands = list(ins.operands())
     partitions = operands[0][1].partitions
-    if partitions * operands[0][1].free_size < MIN_ELEMENTS or any(ap.mem.name == "HBM" for _, ap, _ in operands):
+    if partitions * operands[0][1].free_size < MIN_ELEMENTS or any(ap.mem is Mem.HBM for _, ap, _ in operands):
         return (ins,)
     spans = _ranges(partitions, count, 1)
     return tuple(_with(ins, **{name: _rows(ap, lo, hi) for name, ap, _ in operands}) for lo, hi in spans) \
