@@ -476,3 +476,41 @@ def test_attention_over_2048_keys_of_head_dim_128_compiles_within_the_fp32_bound
         got = trnc.compile(model, (x,), cache=False)(x).double()
     exact = F.scaled_dot_product_attention(x.double(), x.double(), x.double(), is_causal=causal)
     assert float((got - exact).abs().max()) <= 2048 * 2.0 ** -24 * float(x.abs().max())
+
+
+def test_the_std_of_one_fp16_value_is_zero_under_bf16_auto_cast():
+    """The fuzzer, bf16 (seed 2222003707): std over a dim of one fp16 value was the difference between the value
+    and its mean rounded to bf16 (auto_cast "all" stored the decomposition's fp32 mean in bf16), so not 0, and a
+    layer_norm of those near-zero rows made O(1) noise where eager gives its bias. The decomposition's
+    intermediates stay fp32 now, so x - mean is exactly 0, as in eager, and the layer_norm gives its bias."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1, 9, generator=g).to(torch.float16)
+    bias = torch.randn(9, generator=g).to(torch.float16)
+    model = Fn(lambda t: F.layer_norm(t.std(1, correction=0), (9,), None, bias))
+    with torch.no_grad():
+        got = trnc.compile(model, (x,), precision="bf16", auto_cast="all", cache=False)(x)
+        assert torch.equal(trnc.compile(Fn(lambda t: t.std(1, correction=0)), (x,), precision="bf16",
+                                        auto_cast="all", cache=False)(x), torch.zeros(64, 9, dtype=torch.float16))
+    assert torch.equal(got, bias.to(torch.bfloat16).to(torch.float16).expand(64, 9))   # auto_cast stores it in bf16
+
+
+@pytest.mark.parametrize("batched", [False, True])   # addmm on TensorE; baddbmm of 128 tiny matrices as outer products
+def test_a_bf16_addmm_with_beta_adds_its_scaled_bias_in_fp32(batched):
+    """addmm and baddbmm with alpha 2 and beta 3, bf16 with auto_cast "all": beta * bias was stored in bf16, the
+    TensorE product was rounded to bf16 before the (unfused) epilogue, and on the outer-product path precision
+    rounded the operands of every keep_fp32 mul, the fp32 sum included. Where the bias cancels the products (to
+    1e-3), the result was those roundings (1500 to 7000x the bound). Now: one bf16 rounding of the result plus
+    fp32 accumulation, as eager."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*((128, 2) if batched else (256,)), 3, generator=g).to(torch.bfloat16)
+    w = torch.randn(*((128,) if batched else ()), 3, 4, generator=g).to(torch.bfloat16)
+    products = x.double().unsqueeze(-1) * w.double().unsqueeze(-3)             # [..., M, K, N]
+    bias = (-2 * products.sum(-2) / 3 + 1e-3).to(torch.bfloat16)            # 3 * bias cancels 2 * the sums
+    exact = 2 * products.sum(-2) + 3 * bias.double()
+    magnitude = 2 * products.abs().sum(-2) + 3 * bias.double().abs()
+    op = torch.baddbmm if batched else torch.addmm
+    model = Fn(lambda a, b: op(b, a, w, beta=3, alpha=2))
+    with torch.no_grad():
+        got = trnc.compile(model, (x, bias), precision="bf16", auto_cast="all", cache=False)(x, bias)
+    allowed = 2.0 ** -8 * exact.abs() + 8 * 2.0 ** -24 * magnitude
+    assert ((got.double() - exact).abs() <= allowed).all()

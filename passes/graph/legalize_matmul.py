@@ -16,12 +16,13 @@ if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
 
 
-def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType, epilogue=None) -> ir.Node:
+def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType, epilogue=None, scaled: bool = False) -> ir.Node:
     """torch.matmul: 1-D operands get a unit dim (removed again), batch dims broadcast; an empty contraction
     gives zeros. `epilogue(product, **arith)` (addmm's and linear's bias) applies before the product is rounded to
     `dtype`: TensorE's kernel adds it to the fp32 sum in PSUM, so the vector engines' form adds it in fp32 too
     (it added it after the cast: a bf16 linear whose products cancel its bias lost all its digits; seed
-    222001033)."""
+    222001033). A `scaled` epilogue (alpha or beta not 1), which TensorE's kernel does not fuse, takes the product
+    in fp32 too: rounded to bf16 first, addmm's result was that rounding where the bias cancels the products."""
     epilogue = epilogue or (lambda x, **arith: x)
     a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
     b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
@@ -32,6 +33,9 @@ def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType, epilogue=None) -
         out = epilogue(rw.filled(0, shape, dtype))
     elif on_vector_engines(math.prod(batch), m, k, n):
         out = rw.cast(epilogue(_outer_products(rw, a2, b2), dtype=DType.FP32, keep_fp32=True), dtype)
+    elif scaled:
+        product = rw.emit("matmul", (a2, b2), shape, DType.FP32, keep_fp32=True)
+        out = rw.cast(epilogue(product, dtype=DType.FP32, keep_fp32=True), dtype)
     else:
         out = epilogue(rw.emit("matmul", (a2, b2), shape, dtype))
     shape = out.shape[:-2] + out.shape[-2:-1] * (len(a.shape) > 1) + out.shape[-1:] * (len(b.shape) > 1)
@@ -41,27 +45,28 @@ def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType, epilogue=None) -
 def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node) -> ir.Node:
     """a @ b in fp32 as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise
     chain, whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
-    PSUM, and rounds their operands to the matmul's operand dtype), so it computes what TensorE does (each
-    product exact in fp32 for bf16 operands, accumulated over k = 0..K-1 in fp32) even where fusion splits the
-    chain (the fuser follows one producer)."""
+    PSUM, and rounds the operands of the `outer_product` nodes to the matmul's operand dtype), so it computes what
+    TensorE does (each product exact in fp32 for bf16 operands, accumulated over k = 0..K-1 in fp32) even where
+    fusion splits the chain (the fuser follows one producer)."""
     rows = len(b.shape) - 2
     total = None
     for k in range(a.shape[-1]):
         term = rw.binary("mul", rw.slice(a, len(a.shape) - 1, k, k + 1), rw.slice(b, rows, k, k + 1), DType.FP32,
-                         keep_fp32=True)
+                         keep_fp32=True, outer_product=True)
         total = term if total is None else rw.binary("add", total, term, DType.FP32, keep_fp32=True)
     return total
 
 
 def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha, **arith) -> ir.Node:
     """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear); `arith`: the
-    dtype and attributes of the arithmetic nodes."""
+    dtype and attributes of the arithmetic nodes. beta * bias stays fp32 (`keep_fp32`), as in torch: auto_cast
+    "all" stored it in bf16, and where the bias cancels the products that rounding was all that was left."""
     if alpha != 1:
         product = rw.scalar(product, "mul", alpha, **arith)
     if bias is None or beta == 0:
         return product
     if beta != 1:
-        bias = rw.scalar(bias, "mul", beta, **arith)
+        bias = rw.scalar(bias, "mul", beta, **{**arith, "dtype": DType.FP32, "keep_fp32": True})
     return rw.binary("add", product, bias, **arith)
 
 
@@ -106,7 +111,9 @@ def _mm(rw: Rewriter, n, a):
 @rule("aten.addmm.default", "aten.baddbmm.default")
 def _addmm(rw: Rewriter, n, a):
     x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
-    return _matmul(rw, x, y, n.dtype, lambda p, **arith: _scaled_add(rw, p, a["input"], a["beta"], a["alpha"], **arith))
+    scaled = a["alpha"] != 1 or a["beta"] not in (0, 1)
+    return _matmul(rw, x, y, n.dtype, lambda p, **arith: _scaled_add(rw, p, a["input"], a["beta"], a["alpha"], **arith),
+                   scaled)
 
 
 @rule("aten.linear.default")

@@ -109,6 +109,9 @@ def _pow_scalar(rw: Rewriter, n, a):
         return rw.expand(rw.scalar_const(1, n.dtype), n.shape)
     if e in POW_FUNCS:
         return rw.unary(x, POW_FUNCS[e])
+    if e in (3, -2) and n.dtype.is_float:   # as torch's pow kernel: (x * x) * x and 1 / (x * x), bit for bit
+        square = rw.binary("mul", x, x)
+        return rw.binary("mul", square, x) if e == 3 else rw.unary(square, "reciprocal")
     return rw.scalar(x, "pow", e)
 
 
@@ -238,6 +241,22 @@ def _var(rw: Rewriter, x, axes, correction, keepdim, dtype):
     return rw.scalar(total, "mul", scale, dtype=dtype)
 
 
+def _keep_fp32_inside(result: ir.Node, start: ir.Node) -> ir.Node:
+    """Mark the fp32 nodes between `start` and `result` (both left out) `keep_fp32`: one torch op's intermediates,
+    which auto_cast "all" would otherwise store in the low dtype, rounding where torch does not (the mean of a
+    std over one fp16 value rounded to bf16 made x - mean nonzero; a mean rounded its sum, then the quotient)."""
+    stack, seen = list(result.inputs), {start}
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.dtype is DType.FP32:
+            n.attrs["keep_fp32"] = True
+        stack.extend(n.inputs)
+    return result
+
+
 def _correction(a) -> float:
     if a.get("correction") is not None:
         return a["correction"]
@@ -253,7 +272,7 @@ def _sum(rw: Rewriter, n, a):
 @rule("aten.mean.dim", "aten.mean.default")
 def _mean_rule(rw: Rewriter, n, a):
     x = a["input"]
-    return _mean(rw, x, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype)
+    return _keep_fp32_inside(_mean(rw, x, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype), x)
 
 
 @rule("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
@@ -276,14 +295,15 @@ def _extremedim_of(rw: Rewriter, n, a):
 def _var_rule(rw: Rewriter, n, a):
     x = a["input"]
     var = _var(rw, x, dims_of(a.get("dim"), len(x.shape)), _correction(a), a.get("keepdim", False), _acc(n.dtype))
-    return rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype)
+    return _keep_fp32_inside(rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype), x)
 
 
 @rule("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
 def _var_mean(rw: Rewriter, n, a):
     x = a["input"]
     axes, keepdim = dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False)
-    return [_var(rw, x, axes, _correction(a), keepdim, n.dtype), _mean(rw, x, axes, keepdim, n.dtype)]
+    return [_keep_fp32_inside(_var(rw, x, axes, _correction(a), keepdim, n.dtype), x),
+            _keep_fp32_inside(_mean(rw, x, axes, keepdim, n.dtype), x)]
 
 
 @rule("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")

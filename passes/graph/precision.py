@@ -5,7 +5,8 @@ low-precision type (`precision`, e.g. bf16) and stores the constant weights that
 in it (half the HBM bytes); "all" also stores every floating intermediate value in it. Softmax,
 norms and reductions always accumulate in fp32 (the engines compute in fp32; only storage
 narrows), and the model's inputs and outputs keep their dtypes, as do nodes marked `keep_fp32` (the
-partial sums of a matmul legalize writes as outer products, which TensorE would keep in PSUM).
+partial sums of a matmul legalize writes as outer products, which TensorE would keep in PSUM, and the
+fp32 intermediates of ops legalize decomposes, which torch never rounds).
 trnc/options.py checks the values.
 """
 from __future__ import annotations
@@ -58,11 +59,11 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
 
 
 def _round_outer_product_operands(graph: ir.Graph, low: DType) -> None:
-    """A tiny matmul that legalize wrote as outer products (its `keep_fp32` products) gets its operands rounded
+    """A tiny matmul that legalize wrote as outer products (its `outer_product` nodes) gets its operands rounded
     to `low` by a cast in the product's kernel, as TensorE's operands are: an operand's own label says nothing,
     since a view of a model input that keeps fp32 is labelled `low` under auto_cast="all" but reads fp32."""
     for k in graph.kernels:
-        for n in [n for n in k.nodes if n.attrs.get("keep_fp32") and n.attrs.get("op") == "mul"]:
+        for n in [n for n in k.nodes if n.attrs.get("outer_product")]:
             casts = [ir.Node("cast", (i,), i.shape, low, source=n.source) for i in n.inputs]
             graph.nodes[graph.nodes.index(n):graph.nodes.index(n)] = casts
             k.nodes[k.nodes.index(n):k.nodes.index(n)] = casts
