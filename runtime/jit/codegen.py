@@ -47,6 +47,12 @@ class Codegen:
         return llvm.create_mcjit_compiler(owner, self._target_machine())
 
     @property
+    def f32_lanes(self) -> int:
+        """fp32 lanes of the host's widest vector registers the kernels use: 16 with AVX-512, else 8 (AVX2;
+        LLVM splits an 8-lane vector into narrower registers where the host has them)."""
+        return 16 if "+avx512f" in self.features.split(",") else 8
+
+    @property
     def identity(self) -> str:
         """What the object code depends on besides the IR: host triple, CPU, features and the LLVM version."""
         version = ".".join(map(str, llvm.llvm_version_info))

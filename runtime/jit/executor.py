@@ -1,14 +1,14 @@
 """Loading and running a verified Program on the JIT: kernels, argument blocks, the driver table, and binding.
 
-`load` does every piece of Python work once: it verifies the program (unless told it is verified),
-computes the reference's execution order (runtime/reference.py's rule: each time, the head of the first
-queue in QUEUE_ORDER whose waits are met), turns each instruction into a kernel signature and an
-argument block (instructions with equal fields share both), compiles or fetches each distinct kernel
-through runtime/jit/cache.py, and lays out the driver table. `JitProgram.run` then binds the memories
-and makes one native call to the driver, which runs every instruction in that order; with TRNC_THREADS
-above 1 it runs the parallel driver instead (runtime/jit/parallel.py: the queues on that many threads, big
-instructions as pieces from runtime/jit/split.py, the table of each piece count laid out on first use),
-which gives the same bits.
+`load` does every piece of Python work once: it verifies the program (unless told it is verified), computes
+the reference's execution order (runtime/reference.py's rule: each time, the head of the first queue in
+QUEUE_ORDER whose waits are met), turns each instruction into a kernel signature and an argument block
+(instructions of one shape share the kernel, equal blocks are stored once), compiles or fetches each distinct
+kernel through runtime/jit/cache.py, and lays out the driver table. `JitProgram.run` then binds the memories
+and makes one native call to the driver, which runs every instruction in that order; with TRNC_THREADS above 1
+it runs the parallel driver instead (runtime/jit/parallel.py: the queues on that many threads, big
+instructions as pieces from runtime/jit/split.py, the table of each piece count laid out on first use), which
+gives the same bits.
 
 Memories: SBUF and PSUM are uint8 host buffers [128, bytes per partition] (0xFF bytes with fill_nan,
 which is NaN in every float dtype, so a read of unwritten memory shows), outputs and scratch tensors
@@ -25,8 +25,6 @@ the copy.
 from __future__ import annotations
 
 import ctypes
-import functools
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,7 +33,6 @@ import numpy as np
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
-from trnc.isa.opcodes import Kind, opspec
 from trnc.isa.program import Instruction, Program, TensorKind
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
@@ -106,11 +103,13 @@ def kernels() -> Kernels:
 
 
 @dataclass(frozen=True)
-class _Operand:
-    name: str
-    layout: Layout
-    mem: int        # memory number
-    offset: int     # byte offset of element (0, 0) in that memory
+class _Shape:
+    """What instructions of one shape share: the kernel, its address, and per staged read operand (slot among
+    the operands, byte offset in the staging buffer, copy kernel, its address)."""
+
+    sig: KernelSig
+    address: int
+    staging: tuple[tuple[int, int, KernelSig, int], ...]
 
 
 @dataclass(frozen=True)
@@ -147,8 +146,7 @@ class JitProgram:
         self.order = execution_order(program)
         self.stage_bytes = 0
         self._written: set[int] = set()   # HBM tensors some instruction writes
-        self._memo: dict[tuple, tuple[_Step, ...]] = {}     # all fields -> steps
-        self._static_memo: dict[tuple, tuple] = {}          # static fields -> staging, kernel and operand words
+        self._shapes: dict[tuple, _Shape] = {}              # shape of an instruction -> kernel and staging
         self._serial = self._driver_table(1)
         self._parallel: dict[int, tuple[_DriverTable, parallel.Schedule]] = {}   # by piece count, on first use
         self._worker_call = None   # the ctypes function of the worker, on the first parallel run
@@ -158,49 +156,54 @@ class JitProgram:
 
     # -- load time ----------------------------------------------------------------------------------
 
-    def _operand(self, name: str, ap: AP) -> _Operand:
-        lay = layout_of(ap, self.hw)
+    def _place(self, ap: AP) -> tuple[int, int]:
+        """(memory number, byte offset of element (0, 0) in that memory) of an access pattern."""
         if ap.mem is Mem.HBM:
-            return _Operand(name, lay, HBM_MEM0 + ap.tensor, ap.offset)
-        if ap.mem is Mem.SBUF:
-            return _Operand(name, lay, SBUF_MEM, ap.start_partition * self.hw.sbuf_bytes_per_partition + ap.offset)
-        return _Operand(name, lay, PSUM_MEM, ap.start_partition * self.hw.psum_bytes_per_partition + ap.offset)
+            return HBM_MEM0 + ap.tensor, ap.offset
+        per_partition = self.hw.sbuf_bytes_per_partition if ap.mem is Mem.SBUF else self.hw.psum_bytes_per_partition
+        return SBUF_MEM if ap.mem is Mem.SBUF else PSUM_MEM, ap.start_partition * per_partition + ap.offset
 
     def _steps(self, ins: Instruction) -> tuple[_Step, ...]:
         """The driver steps of one instruction: staging copies (if any), then its kernel.
 
-        Instructions that differ only in dynamic fields (immediates, seeds) share all but the dynamic words.
+        Kernel and staging depend only on the instruction's shape (_shape_key: its statics, and each operand's
+        access pattern without its place), which many instructions share; per instruction only the operand
+        words (each operand's place) and the dynamic words are new.
         """
         lowering = LOWERINGS.get(ins.opcode)
         if lowering is None:
             raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
-        mask = _static_fields(ins.opcode)
-        key = (ins.opcode, tuple(v for (_, v), static in zip(ins.args, mask) if static))
-        part = self._static_memo.get(key)
-        if part is None:
-            part = self._static_memo[key] = self._static_part(ins, lowering)
-        pre, sig, address, operand_words = part
-        return (*pre, _Step(sig, address, (*operand_words, *lowering.dynamics(ins))))
+        operands = list(ins.operands())
+        key = _shape_key(ins, lowering.statics, operands)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self._shape(ins, lowering, operands)
+        places = [self._place(ap) for _, ap, _ in operands]
+        self._written.update(ap.tensor for _, ap, write in operands if write and ap.mem is Mem.HBM)
+        steps = []
+        for slot, stage_at, copy, address in shape.staging:
+            places[slot], src = (self.stage_mem, stage_at), places[slot]
+            steps.append(_Step(copy, address, (*places[slot], *src)))
+        words = [word for place in places for word in place]
+        steps.append(_Step(shape.sig, shape.address, (*words, *lowering.dynamics(ins))))
+        return tuple(steps)
 
-    def _static_part(self, ins: Instruction, lowering) -> tuple:
-        """(staging steps, kernel signature, kernel address, operand words) of an instruction."""
-        operands = {name: self._operand(name, ap) for name, ap, _ in ins.operands()}
-        pre: list[_Step] = []
-        stage_at = 0
-        staged = _staged_reads(ins)
-        for name in staged:
-            src = operands[name]
-            contiguous = _contiguous(src.layout)
-            copy = KernelSig("dma_copy", (("dst", contiguous), ("src", src.layout)), ())
-            operands[name] = _Operand(name, contiguous, self.stage_mem, stage_at)
-            pre.append(_Step(copy, self._address(copy), _words([operands[name], src], ())))
+    def _shape(self, ins: Instruction, lowering, operands) -> "_Shape":
+        """The kernel of an instruction's shape, and the staging copies of its staged reads."""
+        layouts = [layout_of(ap, self.hw) for _, ap, _ in operands]
+        staged = _staged_reads(operands)
+        staging, stage_at = [], 0
+        for slot in staged:
+            contiguous = _contiguous(layouts[slot])
+            copy = KernelSig("dma_copy", (("dst", contiguous), ("src", layouts[slot])), ())
+            staging.append((slot, stage_at, copy, self._address(copy)))
+            layouts[slot] = contiguous
             stage_at += -(-contiguous.partitions * contiguous.pstride // STAGE_ALIGN) * STAGE_ALIGN
         self.stage_bytes = max(self.stage_bytes, stage_at)
         statics = tuple((f, static_value(ins[f])) for f in lowering.statics)
-        sig = KernelSig(ins.opcode, tuple((o.name, o.layout) for o in operands.values()), statics,
-                        _same_groups(ins, set(staged)))
-        self._written.update(ap.tensor for _, ap, w in ins.operands() if w and ap.mem is Mem.HBM)
-        return tuple(pre), sig, self._address(sig), _words(list(operands.values()), ())
+        names = [name for name, _, _ in operands]
+        sig = KernelSig(ins.opcode, tuple(zip(names, layouts)), statics, _same_groups(operands, staged))
+        return _Shape(sig, self._address(sig), tuple(staging))
 
     def _address(self, sig: KernelSig) -> int:
         return self.library.address(sig.symbol, self.kernels.object_code(sig))
@@ -219,10 +222,7 @@ class JitProgram:
             ins = self.program.instructions[index]
             counts = []
             for piece in split.pieces(ins, parts):
-                key = _instruction_key(piece)
-                found = self._memo.get(key)
-                if found is None:
-                    found = self._memo[key] = self._steps(piece)
+                found = self._steps(piece)
                 for step in found:
                     at = offsets.get(step.words)
                     if at is None:
@@ -343,13 +343,6 @@ def run(program: Program, inputs: Mapping[str, object], *, hw: HwConfig | None =
 
 # -- helpers --------------------------------------------------------------------------------------------
 
-def _words(operands: list[_Operand], dynamics: tuple[int, ...]) -> tuple[int, ...]:
-    words: list[int] = []
-    for o in operands:
-        words += (o.mem, o.offset)
-    return (*words, *dynamics)
-
-
 def _contiguous(lay: Layout) -> Layout:
     """The same shape, row-major and dense: the staging copy of an operand."""
     isz = lay.dtype.itemsize
@@ -360,37 +353,29 @@ def _contiguous(lay: Layout) -> Layout:
     return Layout(lay.dtype, lay.partitions, stride, tuple(dims))
 
 
-def _instruction_key(ins: Instruction) -> tuple:
-    """The fields of an instruction, with floats by their bits (0.0 and -0.0 differ, NaN equals itself)."""
-    return (ins.opcode, tuple(struct.pack("<d", v) if type(v) is float else v for _, v in ins.args))
+def _shape_key(ins: Instruction, statics: tuple[str, ...], operands) -> tuple:
+    """What decides an instruction's kernel: opcode, static fields, each operand's access pattern but for
+    its place (start partition, offset, HBM tensor), and which operands are one access pattern."""
+    aps = [ap for _, ap, _ in operands]
+    return (ins.opcode, tuple(ins[f] for f in statics),
+            tuple((name, ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride if ap.mem is Mem.HBM else 0)
+                  for name, ap, _ in operands),
+            tuple(aps.index(ap) for ap in aps))
 
 
-@functools.lru_cache(maxsize=None)
-def _static_fields(opcode: str) -> tuple[bool, ...]:
-    """Per field of the opcode: whether it shapes the kernel or its operand words (operands and statics)."""
-    statics = LOWERINGS[opcode].statics
-    return tuple(f.kind is Kind.AP or f.name in statics for f in opspec(opcode).fields)
-
-
-def _same_groups(ins: Instruction, staged: set[str]) -> tuple[tuple[str, ...], ...]:
+def _same_groups(operands, staged: list[int]) -> tuple[tuple[str, ...], ...]:
     """Groups (of two or more) of operands that are one access pattern, leaving out staged copies."""
     groups: dict[AP, list[str]] = {}
-    for name, ap, _ in ins.operands():
-        if name not in staged:
+    for slot, (name, ap, _) in enumerate(operands):
+        if slot not in staged:
             groups.setdefault(ap, []).append(name)
     return tuple(tuple(g) for g in groups.values() if len(g) > 1)
 
 
-def _staged_reads(ins: Instruction) -> list[str]:
-    """Read operands identical to a written operand whose access pattern repeats an element."""
-    ops = list(ins.operands())
-    staged = []
-    for name, ap, write in ops:
-        if write:
-            continue
-        if any(w and other == ap and not _injective(other) for _, other, w in ops):
-            staged.append(name)
-    return staged
+def _staged_reads(operands) -> list[int]:
+    """Slots of the read operands identical to a written operand whose access pattern repeats an element."""
+    return [slot for slot, (_, ap, write) in enumerate(operands)
+            if not write and any(w and other == ap and not _injective(other) for _, other, w in operands)]
 
 
 def _injective(ap: AP) -> bool:

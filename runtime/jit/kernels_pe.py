@@ -6,14 +6,14 @@ runtime/reference_ops.matmul does; only the order in which different accumulator
 cannot change any of them. The kernel first widens the whole stationary operand to fp32 in a stack buffer,
 laid out per block of MR output rows as [r * K + k][row]; then, per block of NR output columns, it widens
 that column panel of moving to fp32 as [r * K + k][column] (zero-padded to whole vectors) and, for each
-block of rows, runs the micro-kernel: MR x NR/8 accumulators held as <8 x float> values across the entire
-k loop (phi nodes, so registers); per k one vector load of the panel per 8 columns, reused by the MR rows,
+block of rows, runs the micro-kernel: MR x NR/L accumulators held as <L x float> values across the entire
+k loop (phi nodes, so registers); per k one vector load of the panel per L columns, reused by the MR rows,
 and one broadcast of s[k, row] per row, reused by the NR columns. Widening goes through the conversion
 code of every other kernel (runtime/jit/kernels_values.py), so every dtype, stride, double_row and
 remainder of M or N takes the same path. Products of bf16, fp16 and fp8 values are exact in fp32; fp32
 products round once. No fast-math flags: no FMA contraction, no reassociation. Stack use is at most
-144 KiB (stationary 128 x 256 fp32 for fp8 double_row, plus a 256 x 16 panel), well inside a thread's
-default stack.
+160 KiB (stationary 128 x 256 fp32 for fp8 double_row, plus a 256 x 32 panel), well inside a thread's
+default stack. The micro-kernel's shape follows the host's vector width (Blocking).
 
 matmul_mx keeps the row-at-a-time form: per output row, N accumulators in a stack array, the loop over n
 innermost so that LLVM vectorizes it.
@@ -27,6 +27,7 @@ from llvmlite import ir
 
 from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.runtime.jit import kernels_values as values
+from trnc.runtime.jit.codegen import codegen
 from trnc.runtime.jit.kernels import (
     F32, I32, I64, KernelBuilder, KernelSig, Layout, Stream, canonical, flat_stream, i64, lowering, stream,
 )
@@ -63,13 +64,38 @@ def _store_row(kb: KernelBuilder, acc, dst: Layout, m) -> None:
 
 # -- matmul: packing and the register-blocked micro-kernel ------------------------------------------------
 
-LANES = 8                        # floats per AVX2 vector
-VEC = ir.VectorType(F32, LANES)
-MR = 4                           # output rows per micro-kernel (each a broadcast per k)
-NR = 16                          # output columns per micro-kernel (NR / LANES vector loads per k)
 UNROLL = 4                       # k steps per iteration of the micro-kernel's loop
-SPLAT = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-ZERO_VEC = ir.Constant(VEC, [0.0] * LANES)
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """The micro-kernel's shape for a vector width: L fp32 lanes, MR rows (a broadcast each per k), NR columns
+    (NR / L vector loads per k). MR x NR / L accumulators plus the loads fit the host's vector registers:
+    8 of 16 with AVX2, 16 of 32 with AVX-512."""
+
+    lanes: int
+    mr: int
+    nr: int
+
+    @property
+    def vec(self) -> ir.VectorType:
+        return ir.VectorType(F32, self.lanes)
+
+    @property
+    def zero(self) -> ir.Constant:
+        return ir.Constant(self.vec, [0.0] * self.lanes)
+
+    @property
+    def splat(self) -> ir.Constant:
+        return ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes)
+
+
+BLOCKINGS = {8: Blocking(8, 4, 16), 16: Blocking(16, 8, 32)}
+
+
+def blocking() -> Blocking:
+    """The blocking for this host's vector width (its features are in the kernel cache's key)."""
+    return BLOCKINGS[codegen().f32_lanes]
 
 
 @dataclass(frozen=True)
@@ -105,15 +131,15 @@ def _rows(kb: KernelBuilder, op: _Operand) -> Iterator[tuple[ir.Value, ir.Value]
         yield kb.add(kb.mul(r, op.lay.partitions), k), kb.add(kb.mul(k, op.lay.pstride), kb.mul(r, op.gstride))
 
 
-def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int) -> ir.Value:
+def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int, bl: Blocking) -> ir.Value:
     """fp32 copy of stationary: element (kk, m) at index (m // MR) * rows * MR + kk * MR + m % MR."""
-    b = kb.b
-    buf = kb.alloca(F32, -(-m_count // MR) * MR * st.rows, name="spack")
+    b, mr = kb.b, bl.mr
+    buf = kb.alloca(F32, -(-m_count // mr) * mr * st.rows, name="spack")
     base = kb.base("stationary")
     for kk, row in _rows(kb, st):
         with kb.elements([st.rest, flat_stream((m_count,))], [row, i64(0)], m_count) as (off, m):
-            block = b.mul(b.udiv(m, i64(MR)), i64(st.rows * MR))
-            index = b.add(b.add(block, kb.mul(kk, MR)), b.urem(m, i64(MR)))
+            block = b.mul(b.udiv(m, i64(mr)), i64(st.rows * mr))
+            index = b.add(b.add(block, kb.mul(kk, mr)), b.urem(m, i64(mr)))
             b.store(values.load_f32(kb, base, off, st.lay.dtype), b.gep(buf, [index], inbounds=True))
     return buf
 
@@ -131,18 +157,19 @@ def _pack_panel(kb: KernelBuilder, mv: _Operand, panel: ir.Value, n0: ir.Value, 
             b.store(ZERO, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
 
 
-def _vector_at(kb: KernelBuilder, buf: ir.Value, index: ir.Value) -> ir.Value:
-    return kb.b.bitcast(kb.b.gep(buf, [index], inbounds=True), VEC.as_pointer())
+def _vector_at(kb: KernelBuilder, buf: ir.Value, index: ir.Value, vec: ir.VectorType) -> ir.Value:
+    return kb.b.bitcast(kb.b.gep(buf, [index], inbounds=True), vec.as_pointer())
 
 
 class _Tile:
     """One micro-kernel call: rows [m0, m0 + rows) x columns [n0, n0 + cols) of dst."""
 
-    def __init__(self, kb: KernelBuilder, sig: KernelSig, m0: ir.Value, rows: int, n0: ir.Value, cols: int):
-        self.kb, self.b, self.sig = kb, kb.b, sig
+    def __init__(self, kb: KernelBuilder, sig: KernelSig, bl: Blocking, m0: ir.Value, rows: int, n0: ir.Value,
+                 cols: int):
+        self.kb, self.b, self.sig, self.bl = kb, kb.b, sig, bl
         self.dst = sig.layout("dst")
         self.m0, self.rows, self.n0, self.cols = m0, rows, n0, cols
-        self.vectors = -(-cols // LANES)
+        self.vectors = -(-cols // bl.lanes)
         dims = canonical(self.dst.dims)
         self.contiguous = self.dst.dtype is DType.FP32 and len(dims) <= 1 and all(s == 4 for s, _ in dims)
 
@@ -153,49 +180,49 @@ class _Tile:
         return kb.add(kb.mul(kb.add(self.m0, i64(i)), self.dst.pstride), _free_offset(kb, n, stream(self.dst)))
 
     def _whole(self, v: int) -> bool:
-        return self.contiguous and (v + 1) * LANES <= self.cols
+        return self.contiguous and (v + 1) * self.bl.lanes <= self.cols
 
     def load(self) -> list[list[ir.Value]]:
         """The initial accumulators: dst (accumulate) or +0.0; lanes past the last column are +0.0."""
         if not self.sig.static("accumulate"):
-            return [[ZERO_VEC] * self.vectors for _ in range(self.rows)]
-        kb, b, base = self.kb, self.b, self.kb.base("dst")
+            return [[self.bl.zero] * self.vectors for _ in range(self.rows)]
+        kb, b, base, lanes = self.kb, self.b, self.kb.base("dst"), self.bl.lanes
         out = []
         for i in range(self.rows):
             row = []
             for v in range(self.vectors):
                 if self._whole(v):
-                    row.append(b.load(kb.at(base, self._offset(i, v * LANES), VEC), align=4))
+                    row.append(b.load(kb.at(base, self._offset(i, v * lanes), self.bl.vec), align=4))
                     continue
-                x = ZERO_VEC
-                for lane in range(min(LANES, self.cols - v * LANES)):
-                    e = values.load_f32(kb, base, self._offset(i, v * LANES + lane), self.dst.dtype)
+                x = self.bl.zero
+                for lane in range(min(lanes, self.cols - v * lanes)):
+                    e = values.load_f32(kb, base, self._offset(i, v * lanes + lane), self.dst.dtype)
                     x = b.insert_element(x, e, ir.Constant(I32, lane))
                 row.append(x)
             out.append(row)
         return out
 
     def store(self, accs: list[list[ir.Value]]) -> None:
-        kb, b, base = self.kb, self.b, self.kb.base("dst")
+        kb, b, base, lanes = self.kb, self.b, self.kb.base("dst"), self.bl.lanes
         for i, row in enumerate(accs):
             for v, x in enumerate(row):
                 if self._whole(v):
-                    b.store(x, kb.at(base, self._offset(i, v * LANES), VEC), align=4)
+                    b.store(x, kb.at(base, self._offset(i, v * lanes), self.bl.vec), align=4)
                     continue
-                for lane in range(min(LANES, self.cols - v * LANES)):
+                for lane in range(min(lanes, self.cols - v * lanes)):
                     e = b.extract_element(x, ir.Constant(I32, lane))
-                    values.store_f32(kb, e, base, self._offset(i, v * LANES + lane), self.dst.dtype)
+                    values.store_f32(kb, e, base, self._offset(i, v * lanes + lane), self.dst.dtype)
 
     def step(self, accs, spack: ir.Value, sblock: ir.Value, panel: ir.Value, width: int, kk: ir.Value):
         """accs after the contraction step kk: acc[i][v] = fp32(acc + fp32(s[kk, i] * v[kk, v-th vector]))."""
-        kb, b = self.kb, self.b
-        moving = [b.load(_vector_at(kb, panel, kb.add(kb.mul(kk, width), i64(v * LANES))), align=4)
+        kb, b, bl = self.kb, self.b, self.bl
+        moving = [b.load(_vector_at(kb, panel, kb.add(kb.mul(kk, width), i64(v * bl.lanes)), bl.vec), align=4)
                   for v in range(self.vectors)]
         out = []
         for i, row in enumerate(accs):
-            s = b.load(b.gep(spack, [kb.add(sblock, kb.add(kb.mul(kk, MR), i64(i)))], inbounds=True))
-            s = b.shuffle_vector(b.insert_element(ir.Constant(VEC, None), s, ir.Constant(I32, 0)),
-                                 ir.Constant(VEC, None), SPLAT)
+            s = b.load(b.gep(spack, [kb.add(sblock, kb.add(kb.mul(kk, bl.mr), i64(i)))], inbounds=True))
+            s = b.shuffle_vector(b.insert_element(ir.Constant(bl.vec, None), s, ir.Constant(I32, 0)),
+                                 ir.Constant(bl.vec, None), bl.splat)
             out.append([b.fadd(acc, b.fmul(s, x)) for acc, x in zip(row, moving)])
         return out
 
@@ -221,7 +248,7 @@ class _Tile:
         b.position_at_end(body)
         it = b.phi(I64, name="kk")
         it.add_incoming(i64(0), before)
-        phis = [[b.phi(VEC) for _ in row] for row in accs]
+        phis = [[b.phi(self.bl.vec) for _ in row] for row in accs]
         for prow, row in zip(phis, accs):
             for phi, acc in zip(prow, row):
                 phi.add_incoming(acc, before)
@@ -239,14 +266,14 @@ class _Tile:
         return out
 
 
-def _row_blocks(kb: KernelBuilder, count: int) -> Iterator[tuple[ir.Value, int]]:
+def _row_blocks(kb: KernelBuilder, count: int, mr: int) -> Iterator[tuple[ir.Value, int]]:
     """(first row, rows) of each block of MR rows of `count`, the last one possibly shorter."""
-    full, tail = divmod(count, MR)
+    full, tail = divmod(count, mr)
     if full:
         with kb.loop(full, "mb") as mb:
-            yield kb.mul(mb, MR), MR
+            yield kb.mul(mb, mr), mr
     if tail:
-        yield i64(full * MR), tail
+        yield i64(full * mr), tail
 
 
 @lowering("matmul", statics=("accumulate", "double_row"))
@@ -255,23 +282,25 @@ def matmul(kb: KernelBuilder, sig: KernelSig) -> None:
     st, mv = _Operand.of(sig.layout("stationary"), grouped), _Operand.of(sig.layout("moving"), grouped)
     dst = sig.layout("dst")
     m_count, n_count = dst.partitions, dst.free_size
-    spack = _pack_stationary(kb, st, m_count)
-    panel = kb.alloca(F32, st.rows * NR, name="panel")
+    bl = blocking()
+    mr, nr = bl.mr, bl.nr
+    spack = _pack_stationary(kb, st, m_count, bl)
+    panel = kb.alloca(F32, st.rows * nr, name="panel")
 
     def columns(n0: ir.Value, cols: int) -> None:
-        width = -(-cols // LANES) * LANES
+        width = -(-cols // bl.lanes) * bl.lanes
         _pack_panel(kb, mv, panel, n0, cols, width)
-        for m0, rows in _row_blocks(kb, m_count):
-            sblock = kb.mul(kb.b.udiv(m0, i64(MR)), st.rows * MR) if not isinstance(m0, ir.Constant) \
-                else i64(m0.constant // MR * st.rows * MR)
-            _Tile(kb, sig, m0, rows, n0, cols).run(spack, sblock, panel, width, st.rows)
+        for m0, rows in _row_blocks(kb, m_count, mr):
+            sblock = kb.mul(kb.b.udiv(m0, i64(mr)), st.rows * mr) if not isinstance(m0, ir.Constant) \
+                else i64(m0.constant // mr * st.rows * mr)
+            _Tile(kb, sig, bl, m0, rows, n0, cols).run(spack, sblock, panel, width, st.rows)
 
-    full, tail = divmod(n_count, NR)
+    full, tail = divmod(n_count, nr)
     if full:
         with kb.loop(full, "nb") as nb:
-            columns(kb.mul(nb, NR), NR)
+            columns(kb.mul(nb, nr), nr)
     if tail:
-        columns(i64(full * NR), tail)
+        columns(i64(full * nr), tail)
 
 
 @lowering("matmul_mx", statics=("accumulate",))

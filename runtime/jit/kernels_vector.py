@@ -15,7 +15,9 @@ from llvmlite import ir
 
 from trnc.isa.enums import AluOp
 from trnc.runtime.jit import kernels_values as values
-from trnc.runtime.jit.kernels import F32, KernelBuilder, KernelSig, lowering, partition_starts, stream
+from trnc.runtime.jit.kernels import (
+    F32, KernelBuilder, KernelSig, flat_stream, i64, lowering, partition_starts, stream,
+)
 from trnc.runtime.jit.kernels_move import affine_stream, affine_value
 
 
@@ -39,22 +41,38 @@ def _per_partition(kb: KernelBuilder, sig: KernelSig, name: str, p, immediate: i
     return values.load_f32(kb, kb.base(name), kb.mul(p, lay.pstride), lay.dtype)
 
 
+ACCUM_BUFFER = 16384   # most fp32 values of y a partition keeps on the stack (64 KiB) for accum's second loop
+
+
 @lowering("activation", statics=("func",), dynamics=lambda ins: (f32_word(ins["scale"]), f32_word(ins["bias"])))
 def activation(kb: KernelBuilder, sig: KernelSig) -> None:
-    """y = func(fp32(fp32(x * scale) + bias)); dst = convert(y); accum[p] = fp32 sum of y from +0.0 in order."""
+    """y = func(fp32(fp32(x * scale) + bias)); dst = convert(y); accum[p] = fp32 sum of y from +0.0 in order.
+
+    The sum's order allows no vectorization, and in the same loop it would keep the function's code scalar
+    too; so, up to ACCUM_BUFFER elements a partition, y also goes to a stack buffer that a second loop sums.
+    """
     dst, src, accum = sig.layout("dst"), sig.layout("src"), sig.layout("accum")
     dbase, sbase = kb.base("dst"), kb.base("src")
     b = kb.b
     acc = kb.alloca(F32, name="acc")
+    ys = kb.alloca(F32, dst.free_size, name="ys") if accum is not None and dst.free_size <= ACCUM_BUFFER else None
+    streams = [stream(dst), stream(src)] + ([flat_stream(dst.counts)] if ys is not None else [])
     with kb.loop(dst.partitions, "p") as p:
         scale = _per_partition(kb, sig, "scale_ap", p, 0)
         bias = _per_partition(kb, sig, "bias_ap", p, 1)
         b.store(ir.Constant(F32, 0.0), acc)
-        with kb.elements([stream(dst), stream(src)], partition_starts(kb, p, [dst, src]), dst.free_size) as offs:
+        starts = partition_starts(kb, p, [dst, src]) + ([i64(0)] if ys is not None else [])
+        with kb.elements(streams, starts, dst.free_size) as offs:
             x = values.load_f32(kb, sbase, offs[1], src.dtype)
             y = values.activation(kb, sig.static("func"), values.add(kb, values.mul(kb, x, scale), bias))
             values.store_f32(kb, y, dbase, offs[0], dst.dtype)
-            b.store(values.add(kb, b.load(acc), y), acc)
+            if ys is not None:
+                b.store(y, b.gep(ys, [offs[2]], inbounds=True))
+            elif accum is not None:
+                b.store(values.add(kb, b.load(acc), y), acc)
+        if ys is not None:
+            with kb.loop(dst.free_size, "sum") as e:
+                b.store(values.add(kb, b.load(acc), b.load(b.gep(ys, [e], inbounds=True))), acc)
         if accum is not None:
             values.store_f32(kb, b.load(acc), kb.base("accum"), kb.mul(p, accum.pstride), accum.dtype)
 

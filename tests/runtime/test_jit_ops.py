@@ -33,6 +33,7 @@ from trnc.isa.asm import format_instruction
 from trnc.isa.dtypes import VALUE_DTYPES
 from trnc.isa.verify import verify
 from trnc.runtime.convert import bits_equal_or_both_nan, from_fp32
+from trnc.runtime.jit import kernels_vector
 from trnc.runtime.jit.executor import load
 from trnc.runtime.reference import Machine
 
@@ -208,6 +209,17 @@ def test_in_place_operand_with_repeated_elements_reads_before_writing():
     for opcode, fields in [("tensor_copy", {}), ("tensor_scalar", {"op0": AluOp.ADD, "scalar0": 1.0})]:
         ins = Instruction.make(opcode, Engine.DVE, dst=ap, src=ap, **fields)
         check_against_reference(ins, 7)
+
+
+@pytest.mark.parametrize("free", [kernels_vector.ACCUM_BUFFER, kernels_vector.ACCUM_BUFFER + 8])
+def test_activation_sums_accum_in_order_on_both_sides_of_its_stack_buffer(free):
+    """Up to ACCUM_BUFFER elements a partition, y is summed by a second loop over a stack buffer; beyond,
+    in the same loop. Both must give the reference's ordered fp32 sum (and dst) bit for bit."""
+    dst = AP(Mem.SBUF, DType.BF16, 2, ((1, free),), offset=0)
+    src = AP(Mem.SBUF, DType.FP32, 2, ((1, free),), offset=2 * free + 64)
+    accum = AP(Mem.SBUF, DType.FP32, 2, ((1, 1),), offset=6 * free + 128)
+    ins = Instruction.make("activation", Engine.ACT, dst=dst, src=src, func=ActFunc.EXP, accum=accum, bias=-1.5)
+    check_against_reference(ins, free)
 
 
 @pytest.mark.parametrize("fault", ["operand", "stray"])
