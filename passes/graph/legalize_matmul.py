@@ -22,7 +22,7 @@ def _matmul(rw: Rewriter, a: ir.Node, b: ir.Node, dtype: DType, epilogue=None, s
     `dtype`: TensorE's kernel adds it to the fp32 sum in PSUM, so the vector engines' form adds it in fp32 too
     (it added it after the cast: a bf16 linear whose products cancel its bias lost all its digits; seed
     222001033). A `scaled` epilogue (alpha or beta not 1), which TensorE's kernel does not fuse, takes the product
-    in fp32 too: rounded to bf16 first, addmm's result was that rounding where the bias cancels the products."""
+    and beta * bias in fp32 too: in bf16, addmm's result was their roundings where the bias cancels the products."""
     epilogue = epilogue or (lambda x, **arith: x)
     a2 = rw.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
     b2 = rw.reshape(b, b.shape + (1,)) if len(b.shape) == 1 else b
@@ -59,14 +59,13 @@ def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node) -> ir.Node:
 
 def _scaled_add(rw: Rewriter, product: ir.Node, bias, beta, alpha, **arith) -> ir.Node:
     """beta * bias + alpha * product, skipping the factors that are 1 (addmm, baddbmm, linear); `arith`: the
-    dtype and attributes of the arithmetic nodes. beta * bias stays fp32 (`keep_fp32`), as in torch: auto_cast
-    "all" stored it in bf16, and where the bias cancels the products that rounding was all that was left."""
+    dtype and attributes of the arithmetic nodes (fp32 and `keep_fp32` where _matmul's epilogue is `scaled`)."""
     if alpha != 1:
         product = rw.scalar(product, "mul", alpha, **arith)
     if bias is None or beta == 0:
         return product
     if beta != 1:
-        bias = rw.scalar(bias, "mul", beta, **{**arith, "dtype": DType.FP32, "keep_fp32": True})
+        bias = rw.scalar(bias, "mul", beta, **arith)
     return rw.binary("add", product, bias, **arith)
 
 

@@ -188,7 +188,7 @@ class JitProgram:
         steps.append(_Step(shape.sig, shape.address, (*words, *lowering.dynamics(ins))))
         return tuple(steps)
 
-    def _shape(self, ins: Instruction, lowering, operands) -> "_Shape":
+    def _shape(self, ins: Instruction, lowering, operands) -> _Shape:
         """The kernel of an instruction's shape, and the staging copies of its staged reads."""
         layouts = [layout_of(ap, self.hw) for _, ap, _ in operands]
         staged = _staged_reads(operands)

@@ -102,7 +102,9 @@ def kernel_table(request, monkeypatch) -> Kernels:
     are correct on any host (LLVM splits or joins the vectors), and CI may run on either kind."""
     lanes = request.param
     monkeypatch.setattr(kernels_pe, "blocking", lambda: kernels_pe.BLOCKINGS[lanes])
-    return _TABLES.setdefault(lanes, Kernels())
+    if lanes not in _TABLES:
+        _TABLES[lanes] = Kernels()
+    return _TABLES[lanes]
 
 
 @pytest.mark.parametrize("k, m, n, st_dtype, mv_dtype, accumulate, double_row, forms, seed", cases())
