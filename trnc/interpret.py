@@ -115,6 +115,34 @@ def _attention(n, q, k, v, *mask):
     return torch.matmul(torch.softmax(scores, dim=-1), _f32(v))
 
 
+def _placed(n, x: torch.Tensor, fill: float) -> torch.Tensor:
+    """x [N, C, H, W] as a window op sees it: inputs `input_dilation` apart, `padding` fill around them."""
+    a = n.attrs
+    (lh, lw), (pt, pb, pl, pr) = a.get("input_dilation", (1, 1)), a["padding"]
+    batch, channels, h, w = x.shape
+    placed = torch.full((batch, channels, pt + (h - 1) * lh + 1 + pb, pl + (w - 1) * lw + 1 + pr), fill,
+                        dtype=torch.float32)
+    placed[:, :, pt:pt + (h - 1) * lh + 1:lh, pl:pl + (w - 1) * lw + 1:lw] = _f32(x)
+    return placed
+
+
+def _conv(n, x, w):
+    """Weight [C_in / groups, KH, KW, C_out] (the layout legalize gives it) over the placed input."""
+    a = n.attrs
+    weight = _f32(w).permute(3, 0, 1, 2)
+    return F.conv2d(_placed(n, x, 0.0), weight, stride=a["stride"], dilation=a["dilation"], groups=a["groups"])
+
+
+def _pool(n, x):
+    """max or sum over each window, from its taps (F.unfold) in the placed input (-inf or 0 around it)."""
+    a = n.attrs
+    placed = _placed(n, x, -math.inf if a["op"] == "max" else 0.0)
+    taps = F.unfold(placed, a["kernel"], dilation=a["dilation"], stride=a["stride"])
+    taps = taps.reshape(x.shape[0], x.shape[1], a["kernel"][0] * a["kernel"][1], -1)
+    out = taps.amax(2) if a["op"] == "max" else taps.sum(2)
+    return out.reshape(n.shape)
+
+
 def _gather(n, table, index):
     return table[index.long()]
 
@@ -149,8 +177,8 @@ def _copy(n, x):
 EVAL = {
     "unary": _unary, "binary": _binary, "scalar": _scalar, "where": _where, "cast": _cast, "reduce": _reduce,
     "softmax": _softmax, "log_softmax": _log_softmax, "layer_norm": _layer_norm, "matmul": _matmul,
-    "attention": _attention, "gather": _gather, "reshape": _reshape, "permute": _permute, "expand": _expand,
-    "slice": _slice, "cat": _cat, "copy": _copy,
+    "attention": _attention, "conv": _conv, "pool": _pool, "gather": _gather, "reshape": _reshape,
+    "permute": _permute, "expand": _expand, "slice": _slice, "cat": _cat, "copy": _copy,
 }
 
 

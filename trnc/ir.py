@@ -34,13 +34,24 @@ BINARY_OPS = frozenset(op.text for op in AluOp if op is not AluOp.BYPASS)
 OPS_ELEMENTWISE = frozenset({"unary", "binary", "scalar", "where", "cast"})
 OPS_REDUCE = frozenset({"reduce"})                       # attrs op (sum/max/min), axes, keepdim
 OPS_ROWWISE = frozenset({"softmax", "log_softmax", "layer_norm"})   # over the last axis
-OPS_CONTRACT = frozenset({"matmul", "attention"})
+OPS_CONTRACT = frozenset({"matmul", "attention", "conv"})
+# sliding windows over [N, C, H, W] (attrs: docs/ir.md; output size: window_out_size)
+OPS_WINDOW = frozenset({"conv", "pool"})
 OPS_GATHER = frozenset({"gather"})                       # table [V, D], index int32 [...] -> [..., D]
 # movement: views when the strides allow it, else one DMA copy (never through the host)
 OPS_MOVEMENT = frozenset({"reshape", "permute", "expand", "slice", "cat", "copy"})
-TRNC_OPS = OPS_SOURCE | OPS_ELEMENTWISE | OPS_REDUCE | OPS_ROWWISE | OPS_CONTRACT | OPS_GATHER | OPS_MOVEMENT
+TRNC_OPS = (OPS_SOURCE | OPS_ELEMENTWISE | OPS_REDUCE | OPS_ROWWISE | OPS_CONTRACT | OPS_WINDOW | OPS_GATHER
+            | OPS_MOVEMENT)
 
 _names = itertools.count()
+
+
+def window_out_size(size: int, kernel: int, stride: int, pad: tuple[int, int], dilation: int = 1,
+                    input_dilation: int = 1) -> int:
+    """Outputs of a sliding window along one dim: `size` inputs placed `input_dilation` apart between `pad` =
+    (before, after) fill elements, windows of `kernel` taps `dilation` apart, every `stride`-th start."""
+    span = pad[0] + (size - 1) * input_dilation + 1 + pad[1]
+    return (span - dilation * (kernel - 1) - 1) // stride + 1
 
 
 @dataclass(frozen=True)
@@ -254,6 +265,8 @@ def _check_node(n: Node, legalized: bool) -> str | None:
         batch = _broadcast(sa[:-2], sb[:-2])
         if batch is None or n.shape != (*batch, sa[-2], sb[-1]):
             return f"matmul of {list(sa)} and {list(sb)} cannot give {list(n.shape)}"
+    if n.op in OPS_WINDOW:
+        return _check_window(n, ins)
     if n.op == "reshape" and n.numel != n.inputs[0].numel:
         return f"reshape of {n.inputs[0].numel} elements to {list(n.shape)}"
     if n.op == "permute" and tuple(ins[0][d] for d in a["dims"]) != n.shape:
@@ -266,6 +279,29 @@ def _check_node(n: Node, legalized: bool) -> str | None:
         return f"layer_norm output {list(n.shape)} differs from its input {list(ins[0])}"
     if n.op == "const" and not isinstance(a.get("value"), np.ndarray):
         return "const without an array value"
+    return None
+
+
+def _check_window(n: Node, ins: list[tuple[int, ...]]) -> str | None:
+    a, x = n.attrs, ins[0]
+    if len(x) != 4 or len(n.shape) != 4:
+        return f"{n.op} of {list(x)} to {list(n.shape)}: input and output must be [N, C, H, W]"
+    if n.op == "conv":
+        cin_g, kh, kw, cout = ins[1]
+        kernel, channels = (kh, kw), (cout, x[1] // a["groups"])
+        if x[1] % a["groups"] or cout % a["groups"] or cin_g != x[1] // a["groups"]:
+            return f"conv of {list(x)} with weight {list(ins[1])} in {a['groups']} groups: channels do not divide"
+    else:
+        kernel, channels = a["kernel"], (x[1], None)
+        if a.get("op") not in ("max", "sum"):
+            return f"pool op {a.get('op')!r} is not max or sum"
+    pads, lhs = a["padding"], a.get("input_dilation", (1, 1))
+    if min(pads) < 0 or min(a["stride"]) < 1 or min(a["dilation"]) < 1 or min(lhs) < 1:
+        return f"{n.op} with padding {pads}, stride {a['stride']}, dilation {a['dilation']}: out of range"
+    sizes = tuple(window_out_size(x[2 + d], kernel[d], a["stride"][d], pads[2 * d:2 * d + 2], a["dilation"][d],
+                                  lhs[d]) for d in (0, 1))
+    if n.shape != (x[0], channels[0], *sizes):
+        return f"{n.op} of {list(x)} gives [{x[0]}, {channels[0]}, {sizes[0]}, {sizes[1]}], not {list(n.shape)}"
     return None
 
 

@@ -24,6 +24,11 @@ def _matmul_macs(mm: ir.Node) -> int:
     return math.prod(mm.shape) * mm.inputs[0].shape[-1]
 
 
+def _conv_macs(conv: ir.Node) -> int:
+    """Per output element, C_in / groups x KH x KW products (the weight is [C_in / groups, KH, KW, C_out])."""
+    return math.prod(conv.shape) * math.prod(conv.inputs[1].shape[:3])
+
+
 def _attention_macs(att: ir.Node) -> int:
     """Per query row, Sk scores of D products and Dv outputs of Sk products, as eager computes them."""
     q, key, v = (i.shape for i in att.inputs[:3])
@@ -52,6 +57,8 @@ KINDS = {k.name: k for k in (
     KernelKind("layer_norm", frozenset({"layer_norm"}), "rowwise", row_wise=True),
     KernelKind("matmul", frozenset({"matmul"}), "matmul", contraction=True, fusible=True, macs=_matmul_macs),
     KernelKind("attention", frozenset({"attention"}), "attention", contraction=True, macs=_attention_macs),
+    KernelKind("conv", frozenset({"conv"}), "conv", contraction=True, fusible=True, macs=_conv_macs),
+    KernelKind("pool", frozenset({"pool"}), "window", fusible=True),
     KernelKind("gather", ir.OPS_GATHER, "movement"),
     KernelKind("movement", ir.OPS_MOVEMENT, "movement"),
 )}

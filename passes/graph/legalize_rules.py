@@ -18,6 +18,7 @@ import torch
 from trnc import ir
 from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
+from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convolution, pooling, batch norm rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
 from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
 
@@ -388,6 +389,21 @@ def _transpose(rw: Rewriter, n, a):
 @rule("aten.expand.default", "aten.expand_as.default")
 def _expand(rw: Rewriter, n, a):
     return rw.expand(a["input"], n.shape)
+
+
+@rule("aten.as_strided.default")
+def _as_strided(rw: Rewriter, n, a):
+    """Only the identity: the shape of a freshly computed (so contiguous) tensor with its contiguous strides, which
+    export writes after a pooling of [N, C, 1, 1] (torchvision's ConvNeXt). Any other as_strided reads its input's
+    storage, which a value of the IR does not have."""
+    x, size, stride = a["input"], tuple(a["size"]), tuple(a["stride"])
+    contiguous = [math.prod(size[d + 1:]) for d in range(len(size))]
+    fresh = x.op not in ir.OPS_MOVEMENT and x.op != "input"
+    if size != x.shape or not fresh or (a["storage_offset"] or 0) or \
+            any(s != c for s, c, d in zip(stride, contiguous, size) if d != 1):
+        rw.fail(f"with size {list(size)}, stride {list(stride)} of a {list(x.shape)} value: only the identity of a "
+                "computed tensor is supported")
+    return x
 
 
 @rule("aten.repeat.default")

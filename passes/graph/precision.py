@@ -46,7 +46,7 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
         if n in keep or not n.dtype.is_float or n.dtype is low or n.attrs.get("keep_fp32"):
             continue
         if n.op == "const":
-            only_contract = all(u in kernel_nodes and u.op in ("matmul", "attention") for u in users[n])
+            only_contract = all(u in kernel_nodes and u.op in ir.OPS_CONTRACT for u in users[n])
             if auto_cast == "all" or (only_contract and n in contract_operands):
                 value = n.attrs["value"]
                 n.attrs["value"] = from_fp32(to_fp32(value, n.dtype), low).reshape(value.shape)
