@@ -52,7 +52,9 @@ def _convolution(rw: Rewriter, n, a):
         rw.fail(f"over {rank} spatial dims: trnc lowers 1-d and 2-d convolutions")
     if rank == 1:
         x = rw.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
-        weight = rw.reshape(weight, weight.shape[:2] + (1, weight.shape[2]))
+        shape = weight.shape[:2] + (1, weight.shape[2])
+        weight = rw.const(rw.torch_value(weight, torch.float64).reshape(shape), weight.dtype) \
+            if weight.op == "const" else rw.reshape(weight, shape)
     stride, dilation, pad = (_pair(a[k], rank) for k in ("stride", "dilation", "padding"))
     if rank == 1:
         stride, dilation, pad = (1,) + stride, (1,) + dilation, (0,) + pad

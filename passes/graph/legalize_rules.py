@@ -20,6 +20,7 @@ from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
 from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convolution, pooling, batch norm rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
+from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
 from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
 
 if TYPE_CHECKING:

@@ -14,8 +14,11 @@ batch norm's scale and shift, activation, residual add) applied as each output b
   128 // C_in taps per k-tile, each tap's strided window DMAed from HBM into its own partitions. One matmul
   per k-tile instead of one per tap (a 7x7 stem over 3 channels: 2 where shifted windows take 49), at the
   price of reading the input once per tap, in one DMA per tap and tile. `choose_scheme` estimates both with
-  isa/cost.py (TensorE cycles of the matmuls; DMA time of the bytes plus a fixed cost per DMA, over the
-  queues) and takes the one whose bound, the slower of the two engines, is lower.
+  isa/cost.py (TensorE time of the matmuls; DMA time of the bytes plus a fixed cost per DMA, over the
+  queues) and takes the one whose sum is lower: the sum rather than the slower of the two, since a CNN's DMA
+  queues are busy with the weights of the layers around the kernel, so its extra bytes cost time even when its
+  own matmuls would hide them (ResNet-50's 3x3 convolutions over 64 channels: im2col halves their matmuls and
+  triples the model's activation reads).
 - depthwise (one input and one output channel per group), on the vector engines: per tap a multiply by the
   tap's per-channel weight and an add, in fp32. Not as diagonal matmuls, whatever they would cost: a zero off
   the diagonal times an infinite input is NaN, which would spread over every channel of the tile where
@@ -71,7 +74,7 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
 
 def choose_scheme(win: Window, x: HbmView, weight: tuple[int, ...], groups: int, dtype: DType,
                   hw: HwConfig) -> str:
-    """"im2col" or "shifted" (see the module docstring): the lower of max(TensorE time, DMA time) by isa/cost.py."""
+    """"im2col" or "shifted" (see the module docstring): the lower TensorE time plus DMA time by isa/cost.py."""
     cin, kh, kw, cout = weight
     if groups != 1 or win.input_dilation != (1, 1) or cin >= PARTITIONS:
         return "shifted"
@@ -82,10 +85,9 @@ def choose_scheme(win: Window, x: HbmView, weight: tuple[int, ...], groups: int,
     taps, outputs = kh * kw, x.shape[0] * win.out[0] * win.out[1]
     rate = cost.dma_rate(hw, DMA_QUEUES)
     tiles = x.shape[0] * math.ceil(win.out[0] * win.out[1] / IM2COL_FREE)
-    shifted = max(matmuls * taps, cost.dma_nbytes(math.prod(x.shape), x.dtype, dtype) / rate)
-    im2col = max(matmuls * math.ceil(taps / (PARTITIONS // cin)),
-                 cost.dma_nbytes(taps * outputs * cin, x.dtype, dtype) / rate
-                 + taps * tiles * hw.dma_fixed_ns * 1e-9 / DMA_QUEUES)
+    shifted = matmuls * taps + cost.dma_nbytes(math.prod(x.shape), x.dtype, dtype) / rate
+    im2col = (matmuls * math.ceil(taps / (PARTITIONS // cin)) + cost.dma_nbytes(taps * outputs * cin, x.dtype, dtype)
+              / rate + taps * tiles * hw.dma_fixed_ns * 1e-9 / DMA_QUEUES)
     return "im2col" if im2col < shifted else "shifted"
 
 
