@@ -149,3 +149,18 @@ def test_a_convolution_of_a_runtime_weight_matches_eager():
     got = trnc.compile(Runtime(), (x, w))(x, w)
     expected = F.conv2d(x, w, padding=1)
     assert ((got - expected).abs().max() / expected.abs().max()).item() <= FP32_RTOL
+
+
+class Resample(nn.Module):
+    def __init__(self, mode: str, align_corners):
+        super().__init__()
+        self.mode, self.align_corners = mode, align_corners
+
+    def forward(self, x):
+        up = F.interpolate(x, scale_factor=2, mode=self.mode, align_corners=self.align_corners)
+        return F.pixel_shuffle(F.channel_shuffle(up, 2), 2)
+
+
+@pytest.mark.parametrize("mode, align_corners", [("nearest", None), ("bilinear", False), ("bilinear", True)])
+def test_resampling_and_shuffles_match_eager(mode, align_corners):
+    compiled_matches(Resample(mode, align_corners), torch.randn(1, 8, 5, 7))

@@ -49,6 +49,11 @@ WRONG_DECOMPOSITIONS = {
     # counts the masked-out target slots after a -1 as copies of class 0 (torch 2.13, _decomp/decompositions.py)
     "aten.multilabel_margin_loss_forward.": ("multilabel_margin_loss", "multilabel_margin_loss_forward"),
 }
+# torch decompositions missing from export's core table for overloads export emits (torch 2.13): the vec forms
+# of the upsampling ops, kept whole as core ops, which legalize has no rule for. Inductor's table spells them in
+# index arithmetic that trnc lowers, as the backend already sees them.
+EXTRA_DECOMPOSITIONS = ("aten.upsample_nearest2d.vec", "aten.upsample_bilinear2d.vec",
+                        "aten.upsample_bilinear2d.default")
 EXPORT_HINT = ("trnc needs a model torch.export can trace: remove data-dependent Python control flow (an `if` or "
                "loop on tensor values, .item(), .tolist()), return tensors (or tuples, lists, dicts of them; no "
                "cache objects: pass use_cache=False to Hugging Face models), or pass example inputs of the shapes "
@@ -82,6 +87,7 @@ def decomposition_table() -> dict:
 def _table() -> dict:
     """Built once per process: materializing torch's table costs a fifth of a second."""
     table = torch.export.default_decompositions()
+    table.update({op: fn for op, fn in torch._decomp.decomposition_table.items() if str(op) in EXTRA_DECOMPOSITIONS})
     for op in list(table.keys()):
         if str(op).startswith(KEEP_WHOLE + tuple(WRONG_DECOMPOSITIONS)):
             table.pop(op)

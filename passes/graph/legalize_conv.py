@@ -37,11 +37,12 @@ def _pair(v, rank: int = 2) -> tuple[int, ...]:
     return tuple(int(x) for x in (v * rank if len(v) == 1 else v))
 
 
-def _as_2d(rw: Rewriter, x: ir.Node, what: str) -> ir.Node:
-    """x as [N, C, H, W]: a 1-d op's [N, C, L] gets H = 1, an unbatched [C, H, W] N = 1."""
+def _batched(rw: Rewriter, x: ir.Node) -> ir.Node:
+    """A 2-d pooling's input as [N, C, H, W]: an unbatched [C, H, W] gets N = 1 (torch's 1-d pools call the 2-d
+    ones with H = 1 already)."""
     if len(x.shape) not in (3, 4):
-        rw.fail(f"of a {len(x.shape)}-d input: only {what} over 1 or 2 spatial dims is supported")
-    return rw.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]) if len(x.shape) == 3 else x.shape)
+        rw.fail(f"of a {len(x.shape)}-d input: [C, H, W] or [N, C, H, W] expected")
+    return rw.reshape(x, (1, *x.shape) if len(x.shape) == 3 else x.shape)
 
 
 @rule("aten.convolution.default")
@@ -122,7 +123,7 @@ def _batch_norm(rw: Rewriter, n, a):
         if bias is not None:
             shift_node = rw.binary("add", bias, shift_node, DType.FP32)
     out = rw.binary("add", rw.binary("mul", x, scale_node), shift_node)
-    return [out, Unusable("save_mean"), Unusable("save_invstd")]
+    return [out] + [rw.filled(0, shape, dtype) for shape, dtype in n.attrs["outputs"][1:]]   # empty in inference
 
 
 def _pool(rw: Rewriter, n, x, op: str, kernel, stride, pad, dilation, out_size, dtype: DType) -> ir.Node:
@@ -142,7 +143,7 @@ def _pool_args(a, rank: int):
 
 @rule("aten.max_pool2d_with_indices.default")
 def _max_pool(rw: Rewriter, n, a):
-    x = _as_2d(rw, a["input"], "max pooling")
+    x = _batched(rw, a["input"])
     kernel, stride, pad = _pool_args(a, 2)
     out_shape = n.attrs["outputs"][0][0]
     out = _pool(rw, n, x, "max", kernel, stride, pad, _pair(a["dilation"]), out_shape[-2:], x.dtype)
@@ -151,7 +152,7 @@ def _max_pool(rw: Rewriter, n, a):
 
 @rule("aten.avg_pool2d.default")
 def _avg_pool(rw: Rewriter, n, a):
-    x = _as_2d(rw, a["input"], "average pooling")
+    x = _batched(rw, a["input"])
     kernel, stride, pad = _pool_args(a, 2)
     out_size = n.shape[-2:]
     total = _pool(rw, n, x, "sum", kernel, stride, pad, (1, 1), out_size, DType.FP32)
@@ -186,7 +187,7 @@ def _divided(rw: Rewriter, total: ir.Node, divisor: torch.Tensor, dtype: DType) 
 
 @rule("aten._adaptive_avg_pool2d.default", "aten.adaptive_max_pool2d.default")
 def _adaptive_pool(rw: Rewriter, n, a):
-    x = _as_2d(rw, a["input"], "adaptive pooling")
+    x = _batched(rw, a["input"])
     op = "max" if "max" in n.op else "sum"
     size, out_size = x.shape[2:], _pair(a["output_size"])
     out_shape = n.attrs["outputs"][0][0] if op == "max" else n.shape
