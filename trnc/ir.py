@@ -108,7 +108,8 @@ class KernelPlan:
 
     partition_dim: Any = None    # the output dim on the partitions: layout's, or "m" for a rows hand-over
     row_tiles: bool = False      # a neighbour is row-wise: a matmul works in tiles of 128 rows beside it
-    keep: bool = False           # the result may stay in SBUF for the next kernel instead of going to HBM
+    keep: bool = False           # the result may stay in SBUF for the next kernel instead of going to HBM (a
+                                 # window kernel's image: for every window kernel that reads it, reads_image)
     transposed: bool = False     # a layer norm also leaves the next matmul its result's transpose in SBUF
     feature_major: bool = False  # a matmul result [*batch, M, N] is stored as [N, *batch, M]
 
@@ -341,6 +342,18 @@ def _verify_plans(graph: Graph) -> None:
             raise VerifyError(f"kernel k{index} ({k.kind}) plan {k.plan.text()}: {problem}{k.output.where()}")
 
 
+def reads_image(kernel: Kernel, user: Node, image: Node) -> bool:
+    """Whether `user`, a node of `kernel`, can read the image [N, C, H, W] `image` from SBUF, where a window kernel
+    keeps it (passes/graph/plan.py): as the input x of a window kernel's first node, or as an operand of the same
+    shape in its epilogue."""
+    first = kernel.nodes[0]
+    if first.op not in OPS_WINDOW or len(image.shape) != 4:
+        return False
+    if user is first:
+        return first.inputs[0] is image and image not in first.inputs[1:]
+    return user.shape == image.shape
+
+
 def _check_plan(graph: Graph, index: int, users: dict) -> str | None:
     """The broken rule of kernel `index`'s plan as text, or None."""
     kernel, plan = graph.kernels[index], graph.kernels[index].plan
@@ -350,7 +363,11 @@ def _check_plan(graph: Graph, index: int, users: dict) -> str | None:
     handing_rows = plan.keep and plan.partition_dim == "m"
     if plan.partition_dim != kernel.partition_dim and not handing_rows:
         return f"partition_dim differs from layout's {kernel.partition_dim!r} without a rows hand-over"
-    if plan.keep:
+    if plan.keep and op in OPS_WINDOW:
+        kernel_of = {n: k for k in graph.kernels for n in k.nodes}
+        if out in graph.outputs or not all(u in kernel_of and reads_image(kernel_of[u], u, out) for u in users[out]):
+            return "keeps in SBUF an image that a kernel other than a window kernel's input or epilogue reads"
+    elif plan.keep:
         wanted = "m" if reader is not None and reader.op in OPS_ROWWISE else "n"
         if op != "matmul" or not first_operand or users[out] != [reader] or out in graph.outputs:
             return "keeps in SBUF a result the next kernel alone does not read as its first operand"

@@ -6,7 +6,8 @@ in tiles of 128 rows over the last axis (plan hands such kernels their rows in S
 contracts on TensorE (precision narrows its compute dtype; plan stores what only contractions read
 feature-major), whether elementwise nodes may fuse into it (its result is still on chip, in a PSUM
 evacuation or an elementwise pass), and the MACs the model asks of it (the compute side of the
-roofline). A new kind of kernel is a row here and a module in passes/tile/kernels/.
+roofline), and whether it is a window over images with channels on the partitions (plan keeps such images in
+SBUF between window kernels). A new kind of kernel is a row here and a module in passes/tile/kernels/.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class KernelKind:
     contraction: bool = False  # a contraction on TensorE (matmul, attention)
     fusible: bool = False      # elementwise nodes that read its result may join it
     macs: Callable[[ir.Node], int] | None = None   # MACs of its first node, for contractions
+    window: bool = False       # a window over [N, C, H, W] with channels on the partitions (conv, pool)
 
     def lowering_module(self) -> ModuleType:
         return importlib.import_module(f"trnc.passes.tile.kernels.{self.module}")
@@ -57,8 +59,8 @@ KINDS = {k.name: k for k in (
     KernelKind("layer_norm", frozenset({"layer_norm"}), "rowwise", row_wise=True),
     KernelKind("matmul", frozenset({"matmul"}), "matmul", contraction=True, fusible=True, macs=_matmul_macs),
     KernelKind("attention", frozenset({"attention"}), "attention", contraction=True, macs=_attention_macs),
-    KernelKind("conv", frozenset({"conv"}), "conv", contraction=True, fusible=True, macs=_conv_macs),
-    KernelKind("pool", frozenset({"pool"}), "window", fusible=True),
+    KernelKind("conv", frozenset({"conv"}), "conv", contraction=True, fusible=True, macs=_conv_macs, window=True),
+    KernelKind("pool", frozenset({"pool"}), "window", fusible=True, window=True),
     KernelKind("gather", ir.OPS_GATHER, "movement"),
     KernelKind("movement", ir.OPS_MOVEMENT, "movement"),
 )}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from trnc import ir
 from trnc.errors import TrncError
 from trnc.isa.program import TensorKind
+from trnc.passes.graph.kernel_kinds import KINDS
 from trnc.passes.tile import kernels
 from trnc.passes.tile.kernels.movement import copy_view
 from trnc.passes.tile.tiles import HbmView, TileBuilder, TileProgram, contiguous_strides
@@ -141,7 +142,9 @@ class _GraphLowering:
                 target = self.feature_major(kernel) if kernel.plan.feature_major else self.storage_for(out)
                 on_chip = kernels.lowering(kernel.kind)(self.kb, kernel, ins, target, kernel.plan)
                 if on_chip is not None:   # the hand-over the plan asked for, which the kernel's tiling allowed
-                    (self.tp.transposed if kernel.plan.transposed else self.tp.kept)[target.tensor] = on_chip
+                    registry = self.tp.transposed if kernel.plan.transposed else \
+                        self.tp.resident if KINDS[kernel.kind].window else self.tp.kept
+                    registry[target.tensor] = on_chip
             self.views[out] = target
         self.kb.kernel = "out"
         for i, n in enumerate(self.graph.outputs):
@@ -176,4 +179,5 @@ class LowerToTiles:
         state.tiles = _GraphLowering(state).run()
         return {"tile_instructions": len(state.tiles.instrs), "buffers": len(state.tiles.buffers),
                 "hbm_tensors": len(state.tiles.tensors), "kept_on_chip": len(state.tiles.kept),
+                "images_on_chip": len(state.tiles.resident),
                 "transposed_on_chip": len(state.tiles.transposed)}

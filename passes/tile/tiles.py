@@ -7,8 +7,9 @@ schedule picks an engine or DMA queue per instruction and derives the semaphores
 isa.Program. A value between kernels lives in HBM as an HbmView (a strided view of a tensor), so
 views (permute, expand, slice) cost nothing and are folded into the DMAs of their consumers; a
 matmul result that the next kernel reads may instead stay in SBUF (`TileProgram.kept`), its HBM
-tensor then never written or read (emit drops its declaration), and a layer norm may leave the
-next matmul a transposed copy of its result in SBUF beside the HBM one (`TileProgram.transposed`).
+tensor then never written or read (emit drops its declaration), a layer norm may leave the
+next matmul a transposed copy of its result in SBUF beside the HBM one (`TileProgram.transposed`), and a
+window kernel's image may stay in SBUF for the window kernels that read it (`TileProgram.resident`).
 """
 from __future__ import annotations
 
@@ -245,6 +246,10 @@ class TileProgram:
     # HBM tensors [R, C] whose transpose SBUF also holds: tensor index -> a [128, C / 128, R] tile (column c on
     # partition c % 128, in block c // 128); see plan.py hands_transpose_on_chip
     transposed: dict[int, Tile] = field(default_factory=dict)
+    # HBM tensors [N, C, H, W] (images of window kernels) whose value lives in SBUF instead: tensor index -> a
+    # [min(C, 128), C / 128, N, H, W] tile (channel c on partition c % 128, in block c // 128); see plan.py
+    # keeps_image_on_chip and kernels/window.py
+    resident: dict[int, Tile] = field(default_factory=dict)
 
     def on_chip(self, kx: HbmView) -> Tile | None:
         """The SBUF tile [128, K / 128, X] that holds the view `kx` ([*batch, K, X]: a matmul operand, a row-wise

@@ -10,7 +10,8 @@ legal program that computes garbage). So between tile, allocate and schedule thi
   allocate has run, within the memory; HBM operands name a declared tensor, in its dtype, within it;
 - order: every buffer is written before it is read;
 - hand-overs: a kept tile or transposed copy is an SBUF tile of the tensor's shape, written by one
-  kernel whose plan asked for it, read only by the next; a kept tensor is never accessed in HBM;
+  kernel whose plan asked for it, read only by the next; a kept tensor is never accessed in HBM; a resident
+  image likewise, read only by the kernels that read the producer's result;
 - schedule: every tile instruction was scheduled once.
 """
 from __future__ import annotations
@@ -137,8 +138,9 @@ def _kernel_index(ins: TileInstr) -> int | None:
 
 
 def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
-    """Kept tiles and transposed copies: their shape, their kernels, and no HBM access to a kept tensor."""
-    if not tp.kept and not tp.transposed:
+    """Kept tiles, transposed copies and resident images: their shape, their kernels, and no HBM access to a kept
+    tensor or a resident image."""
+    if not tp.kept and not tp.transposed and not tp.resident:
         return []
     problems = []
     touched, kernels_of = set(), {}
@@ -160,7 +162,30 @@ def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
                 problems.append(f"{decl.name} is kept in SBUF but instructions access it in HBM")
             if graph is not None:
                 problems += _kernel_problems(graph, what, t.buffer, kernels_of.get(t.buffer, set()))
+    for tensor, t in tp.resident.items():
+        decl = tp.tensors[tensor]
+        batch, channels, height, width = decl.shape
+        want = (min(channels, PARTITIONS), math.ceil(channels / PARTITIONS), batch, height, width)
+        if t.buffer.mem is not Mem.SBUF or t.shape != want or t.dtype != decl.dtype:
+            problems.append(f"resident image {t.buffer} of {decl.name} is {t.dtype.text}{list(t.shape)}, not "
+                            f"{decl.dtype.text}{list(want)} in SBUF")
+        if tensor in touched:
+            problems.append(f"{decl.name} is a resident image but instructions access it in HBM")
+        if graph is not None:
+            problems += _reader_problems(graph, t.buffer, kernels_of.get(t.buffer, set()))
     return problems
+
+
+def _reader_problems(graph: ir.Graph, buf: Buffer, users: set) -> list[str]:
+    """The kernel that writes a resident image planned it, and only the kernels reading its result also use it."""
+    owner = min((k for k in users if k is not None), default=None)
+    if owner is None or not graph.kernels[owner].plan.keep:
+        return [f"resident image {buf} of kernel k{owner}, whose plan does not ask for it"]
+    kernel_of = {n: i for i, k in enumerate(graph.kernels) for n in k.nodes}
+    readers = {kernel_of[u] for u in graph.users()[graph.kernels[owner].output]}
+    strangers = set(users) - readers - {owner}
+    return [f"resident image {buf} of kernel k{owner} is used by kernels {sorted(strangers, key=str)}, which do "
+            "not read it"] if strangers else []
 
 
 def _kernel_problems(graph: ir.Graph, what: str, buf: Buffer, users: set) -> list[str]:

@@ -23,7 +23,9 @@ from trnc.isa.config import get_target
 from trnc.isa.dtypes import DType
 from trnc.passes.tile.kernels import conv as conv_kernel
 from trnc.passes.tile.kernels.window import Window
+from trnc.isa.ap import Mem
 from trnc.passes.tile.tiles import HbmView
+from trnc.passes.tile.verify import verify_tiles
 
 F32, BF16 = DType.FP32, DType.BF16
 RNG = np.random.default_rng(14)
@@ -144,3 +146,75 @@ def test_an_integer_convolution_is_refused():
     node = conv_node(x, w, dtype=DType.INT32)
     with pytest.raises(UnsupportedOpError, match="conv .* with operands in int32"):
         harness.compile_kernels([x], [ir.Kernel("conv", [node], compute_dtype=DType.INT32)])
+
+
+def _chain(x_arr: np.ndarray, layers) -> tuple[list[ir.Kernel], list[np.ndarray]]:
+    """Convolutions in a chain, each a kernel; `layers` holds (weight shape, attrs, residual from layer k or None).
+    Returns the kernels and each layer's float64 reference."""
+    x = harness.inp(0, x_arr.shape, F32)
+    node, kernels, refs, values = x, [], [], [x_arr]
+    for w_shape, attrs, residual in layers:
+        w_arr = ints(*w_shape, low=-1, high=2)
+        conv = conv_node(node, harness.const(w_arr, F32), **attrs)
+        ref = reference(values[-1], w_arr, conv)
+        nodes = [conv]
+        if residual is not None:
+            nodes.append(ir.Node("binary", (conv, kernels[residual].output), conv.shape, F32, {"op": "add"}))
+            ref = ref + refs[residual]
+        kernels.append(ir.Kernel("conv", nodes, compute_dtype=F32))
+        refs.append(ref)
+        values.append(ref.astype(np.float32))
+        node = nodes[-1]
+    return [x], kernels, refs
+
+
+def test_images_stay_in_sbuf_between_convolutions():
+    """A chain whose inner images only convolutions read stays on chip: a padded 3x3 reads its bands by copy, a
+    1x1 as views, a grouped one whose second group straddles two 128-channel blocks by DMA, and an epilogue
+    reads a residual image; results exact as in HBM."""
+    x_arr = ints(1, 8, 7, 7, low=-1, high=2)
+    inputs, kernels, refs = _chain(x_arr, [
+        ((8, 3, 3, 130), dict(padding=(1, 1, 1, 1)), None),
+        ((65, 1, 1, 130), dict(groups=2), None),
+        ((130, 3, 3, 130), dict(padding=(1, 1, 1, 1)), 0),
+        ((130, 1, 1, 6), {}, None)])
+    (got,), state = harness.compile_and_run(inputs, kernels, [x_arr])
+    np.testing.assert_array_equal(got, refs[-1])
+    assert [k.plan.keep for k in kernels] == [True, True, True, False]
+    assert len(state.tiles.resident) == 3
+    verify_tiles(state.tiles, state.graph)      # never in HBM, used only by their producers and readers
+    hbm_reads = {ins.fields["src"].tensor for ins in state.tiles.instrs
+                 if ins.opcode == "dma_copy" and getattr(ins.fields["src"], "mem", None) is Mem.HBM}
+    assert not hbm_reads & set(state.tiles.resident)
+
+
+def test_im2col_reads_a_resident_image():
+    x_arr = ints(1, 3, 9, 9, low=-1, high=2)
+    inputs, kernels, refs = _chain(x_arr, [
+        ((3, 3, 3, 4), dict(padding=(1, 1, 1, 1)), None),
+        ((4, 5, 5, 8), dict(padding=(2, 2, 2, 2), stride=(2, 2)), None)])
+    hw = get_target("trn2")
+    second = kernels[1].nodes[0]
+    view = HbmView(0, F32, second.inputs[0].shape, (4 * 81, 81, 9, 1))
+    assert conv_kernel.choose_scheme(Window.of(second), view, second.inputs[1].shape, 1, F32, hw) == "im2col"
+    (got,), state = harness.compile_and_run(inputs, kernels, [x_arr])
+    np.testing.assert_array_equal(got, refs[-1])
+    assert kernels[0].plan.keep and len(state.tiles.resident) == 1
+    verify_tiles(state.tiles, state.graph)
+
+
+def test_an_image_stays_in_hbm_for_a_reader_other_than_a_window_kernel_or_beyond_the_budget():
+    from trnc.passes.graph import plan
+    x = harness.inp(0, (1, 4, 8, 8), F32)
+    small = conv_node(x, harness.const(ints(4, 1, 1, 4), F32))
+    relu = ir.Node("unary", (small,), small.shape, F32, {"func": "relu"})
+    state = harness.compile_kernels([x], [ir.Kernel("conv", [small], compute_dtype=F32),
+                                          ir.Kernel("elementwise", [relu])])
+    assert not state.graph.kernels[0].plan.keep      # an elementwise kernel reads it from HBM
+    big_x = harness.inp(0, (1, 4, 120, 120), F32)
+    big = conv_node(big_x, harness.const(ints(4, 1, 1, 4), F32))
+    after = conv_node(big, harness.const(ints(4, 1, 1, 4), F32))
+    assert plan.image_bytes(big) > plan.KEEP_IMAGE_BYTES
+    state = harness.compile_kernels([big_x], [ir.Kernel("conv", [big], compute_dtype=F32),
+                                              ir.Kernel("conv", [after], compute_dtype=F32)])
+    assert not state.graph.kernels[0].plan.keep

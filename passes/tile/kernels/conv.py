@@ -43,8 +43,8 @@ from trnc.isa.config import DMA_QUEUES, MOVING_FMAX, PARTITIONS, HwConfig
 from trnc.isa.dtypes import MATMUL_DTYPES, DType
 from trnc.isa.enums import AluOp
 from trnc.passes.tile.kernels import boxes, engines
-from trnc.passes.tile.kernels.window import (Evacuation, Window, bands, channel_tiles, load_band, output_blocks,
-                                             tap)
+from trnc.passes.tile.kernels.window import (Evacuation, Window, bands, channel_tiles, image_region, load_band,
+                                             output_blocks, resident_image, tap)
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 WEIGHT_BYTES = 64 * 1024    # bytes per partition of weights kept for the whole kernel
@@ -53,7 +53,8 @@ DEPTHWISE_FREE = 2048       # outputs per partition of one depthwise block
 
 
 def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
-          plan: ir.KernelPlan) -> None:
+          plan: ir.KernelPlan) -> Tile | None:
+    """Emit the kernel; returns the resident image when the plan keeps the result in SBUF (window.py)."""
     conv = kernel.nodes[0]
     dtype = kernel.compute_dtype or conv.inputs[0].dtype
     if dtype not in MATMUL_DTYPES:
@@ -61,7 +62,7 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
                                  f"{', '.join(sorted(d.text for d in MATMUL_DTYPES))}{conv.where()}")
     win = Window.of(conv)
     x, w = views[conv.inputs[0]], views[conv.inputs[1]]
-    evacuate = Evacuation(kb, kernel, views, out)
+    evacuate = Evacuation(kb, kernel, views, out, plan)
     groups = conv.attrs["groups"]
     if w.shape[0] == 1 and w.shape[3] == groups:
         _depthwise(kb, win, x, w, dtype, evacuate)
@@ -70,6 +71,7 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
     else:
         for group in range(groups):
             _shifted(kb, win, x, w, dtype, evacuate, group, groups)
+    return evacuate.image
 
 
 def choose_scheme(win: Window, x: HbmView, weight: tuple[int, ...], groups: int, dtype: DType,
@@ -168,8 +170,9 @@ def _im2col(kb: TileBuilder, win: Window, x: HbmView, w: HbmView, dtype: DType, 
 
 def _columns(kb: TileBuilder, win: Window, x: HbmView, n: int, region, taps, cin: int, dtype: DType) -> Tile:
     """The im2col tile [(tap, channel), rows, columns] of image n over the outputs of `region`: each tap's inputs
-    by one DMA of a strided window, its outputs over the padding zero."""
+    by one DMA of a strided window (from HBM, or from the resident image), its outputs over the padding zero."""
     r0, height, c0, width = region
+    image = resident_image(kb, x)
     tile = kb.sbuf("cols", dtype, len(taps) * cin, (height, width))
     ranges = [(win.tap_range(0, i, r0, height), win.tap_range(1, j, c0, width)) for i, j in taps]
     if any(rn != height or cn != width for (_, rn), (_, cn) in ranges):
@@ -179,8 +182,12 @@ def _columns(kb: TileBuilder, win: Window, x: HbmView, n: int, region, taps, cin
             continue
         (sh, sw), (dh, dw), (pt, _, pl, _) = win.stride, win.dilation, win.padding
         h0, w0 = rl * sh + i * dh - pt, cl * sw + j * dw - pl
-        window = x.narrow(2, h0, h0 + (rn - 1) * sh + 1, sh).narrow(3, w0, w0 + (cn - 1) * sw + 1, sw)
         dst = tile.narrow(0, q * cin, cin).narrow(1, rl - r0, rn).narrow(2, cl - c0, cn)
+        if image is not None:
+            for at, view in image_region(image, n, (0, cin), (h0, rn), (w0, cn), (sh, sw)):
+                kb.dma(dst.narrow(0, at, view.partitions), view)
+            continue
+        window = x.narrow(2, h0, h0 + (rn - 1) * sh + 1, sh).narrow(3, w0, w0 + (cn - 1) * sw + 1, sw)
         kb.dma(dst, window.box_ap(1, ((n, 1), (0, cin), (0, rn), (0, cn))))
     return tile
 

@@ -13,6 +13,11 @@ window is an access pattern over the band (free dims: output rows sh * columns a
 so no tap costs a copy. A band serves several output blocks (one PSUM bank each for a convolution), which
 share its halo rows; the next band loads while the engines work on this one.
 
+An image the plan keeps in SBUF (ir.KernelPlan.keep, TileProgram.resident: [channels, C / 128, N, H, W]) is
+written there by its producer's evacuation instead of being stored, and its readers take their bands from it: as
+a view when the band needs no padding (a 1x1 convolution, an unpadded window), else copied into a padded band
+by an engine (a DMA where the channels change partitions); an epilogue reads its operand from it as a view.
+
 Pooling: max (NaN wins, as in torch) or sum over the taps, on the vector engines in fp32, one instruction per
 tap; an average is a sum that legalize divides, and the division fuses into the evacuation like any epilogue.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from trnc import ir
 from trnc.isa.config import PARTITIONS
+from trnc.isa.verify import aligned_starts
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import AluOp
 from trnc.passes.tile.kernels import boxes, engines
@@ -106,16 +112,60 @@ def bands(win: Window, block: tuple[int, int], channel_tiles: int, itemsize: int
     return result
 
 
+def resident_image(kb: TileBuilder, view: HbmView) -> Tile | None:
+    """The SBUF tile that holds the image `view` reads when the plan keeps it there (the view must be the whole
+    tensor, as ir.reads_image has its readers read it), else None."""
+    image = kb.program.resident.get(view.tensor)
+    if image is not None and (view.offset or not view.is_contiguous or len(view.shape) != 4):
+        raise ValueError(f"view {view} does not read the resident image {image.buffer} whole")
+    return image
+
+
+def image_region(image: Tile, n: int, channels: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
+                 steps: tuple[int, int] = (1, 1)) -> list[tuple[int, Tile]]:
+    """Channels (start, count), rows and columns (start, count, every steps-th) of image n of a resident tile, as
+    views [channels, rows, columns], one per 128-channel block the channels span: (offset in the region, view)."""
+    _, _, batch, height, width = image.shape
+    views, c, end = [], channels[0], channels[0] + channels[1]
+    while c < end:
+        block, p0 = divmod(c, PARTITIONS)
+        count = min(end - c, PARTITIONS - p0)
+        offset = (((block * batch + n) * height + rows[0]) * width + cols[0]) * image.dtype.itemsize
+        views.append((c - channels[0], replace(image, partitions=count, start_partition=image.start_partition + p0,
+                                               dims=((steps[0] * width, rows[1]), (steps[1], cols[1])),
+                                               offset=image.offset + offset)))
+        c += count
+    return views
+
+
+def copy_region(kb: TileBuilder, views: list[tuple[int, Tile]], dst: Tile) -> None:
+    """Copy image views (image_region) into `dst` [channels, ...]: on an engine where the partitions stay, by DMA
+    where they change (the engines work within partitions)."""
+    for at, view in views:
+        part = dst.narrow(0, at, view.partitions)
+        if part.start_partition == view.start_partition and view.start_partition in aligned_starts(view.partitions):
+            engines.emit(kb, "tensor_copy", dst=part, src=view)
+        else:
+            kb.dma(part, view)
+
+
 def load_band(kb: TileBuilder, win: Window, x: HbmView, n: int, channels: tuple[int, int], band: Block,
               dtype: DType, fill: float, name: str) -> Tile:
     """The placed input that the outputs of `band` read, channels (start, count) of image n, as an SBUF tile
-    [channels, rows, columns] of `dtype` (the DMA converts): the inputs by one DMA, the rest `fill` by memset."""
+    [channels, rows, columns] of `dtype`: the inputs by one DMA (which converts), or from the resident image,
+    the rest `fill` by memset."""
     (r0, rows, c0, cols), (c_start, count) = band, channels
     height, width = win.span(0, rows), win.span(1, cols)
-    tile = kb.sbuf(name, dtype, count, (height, width))
     h0, nh, at_row = win.inputs_in(0, r0 * win.stride[0], height)
     w0, nw, at_col = win.inputs_in(1, c0 * win.stride[1], width)
     lh, lw = win.input_dilation
+    image = resident_image(kb, x)
+    if image is not None:
+        views = image_region(image, n, channels, (h0, nh), (w0, nw))
+        whole = (nh, nw, at_row, at_col, lh, lw) == (height, width, 0, 0, 1, 1)
+        if whole and len(views) == 1 and views[0][1].start_partition == 0 and image.dtype == dtype:
+            return views[0][1]      # the band is a view of the image: no copy, no padding
+    tile = kb.sbuf(name, dtype, count, (height, width))
     if not nh or not nw or lh > 1 or lw > 1:
         engines.emit(kb, "memset", dst=tile, value=fill)
     else:
@@ -127,8 +177,10 @@ def load_band(kb: TileBuilder, win: Window, x: HbmView, n: int, channels: tuple[
     if nh and nw:
         dst = replace(tile, dims=((lh * width, nh), (lw, nw)),
                       offset=tile.offset + (at_row * width + at_col) * dtype.itemsize)
-        src = x.box_ap(1, ((n, 1), (c_start, count), (h0, nh), (w0, nw)))
-        boxes.spread(kb, dst, src)
+        if image is not None:
+            copy_region(kb, image_region(image, n, channels, (h0, nh), (w0, nw)), dst)
+        else:
+            boxes.spread(kb, dst, x.box_ap(1, ((n, 1), (c_start, count), (h0, nh), (w0, nw))))
     return tile
 
 
@@ -145,29 +197,51 @@ def tap(band_tile: Tile, win: Window, band: Block, block: Block, i: int, j: int)
 class Evacuation:
     """Writes output blocks of a window kernel: the epilogue (the elementwise nodes fused after the window node,
     their other inputs loaded per block, a per-channel one once per channel tile) from the accumulator into an
-    SBUF tile of the output dtype, then one store."""
+    SBUF tile of the output dtype, then one store; or, when the plan keeps the image, into the resident tile
+    (`image`), never stored."""
 
-    def __init__(self, kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView):
+    def __init__(self, kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
+                 plan: ir.KernelPlan):
         self.kb, self.node, self.epilogue, self.out = kb, kernel.nodes[0], kernel.nodes[1:], out
         inside = set(kernel.nodes)
         self.loads = {i: views[i].expand(out.shape) for e in self.epilogue for i in e.inputs
                       if i not in inside and immediate(i) is None}
         self.cache: dict = {}
+        batch, channels, height, width = out.shape
+        self.image = kb.sbuf("image", out.dtype, min(channels, PARTITIONS),
+                             (-(-channels // PARTITIONS), batch, height, width)) if plan.keep else None
 
     def __call__(self, acc: Tile, n: int, channels: tuple[int, int], block: Block) -> None:
         """Write the outputs of `block`, channels (start, count) of image n, from `acc` [channels, outputs]."""
         box = ((n, 1), channels, block[:2], block[2:])
-        result = self.kb.sbuf("out", self.out.dtype, channels[1], (block[1] * block[3],))
+        targets = [] if self.image is None else image_region(self.image, n, channels, block[:2], block[2:])
+        direct = len(targets) == 1 and targets[0][1].start_partition == 0
+        result = targets[0][1] if direct else self.kb.sbuf("out", self.out.dtype, channels[1],
+                                                           (block[1] * block[3],))
         if self.epilogue:
             operands = {self.node: Operand(acc, False)}
             operands.update({i: self._load(i, view, box) for i, view in self.loads.items()})
             emit_chain(self.kb, self.epilogue, operands, result)
         else:
             engines.emit(self.kb, "tensor_copy", dst=result, src=acc)
-        boxes.spread(self.kb, self.out.box_ap(1, box), result)
+        if self.image is None:
+            boxes.spread(self.kb, self.out.box_ap(1, box), result)
+        elif not direct:
+            for at, view in targets:
+                self.kb.dma(view, result.narrow(0, at, view.partitions).reshape(block[1], block[3]))
 
     def _load(self, node: ir.Node, view: HbmView, box) -> Operand:
-        """load_operand, once per channel tile for an operand constant over the block (a bias, a BN scale)."""
+        """The operand from the resident image it is, or load_operand, once per channel tile for an operand
+        constant over the block (a bias, a BN scale)."""
+        image = resident_image(self.kb, view)
+        if image is not None:
+            (n, _), channels, rows, cols = box
+            views = image_region(image, n, channels, rows, cols)
+            if len(views) == 1 and views[0][1].start_partition == 0:
+                return Operand(views[0][1], False)
+            tile = self.kb.sbuf(f"e_{node.name}", image.dtype, channels[1], (rows[1], cols[1]))
+            copy_region(self.kb, views, tile)
+            return Operand(tile, False)
         per_channel = all(view.strides[d] == 0 or view.shape[d] == 1 for d in (2, 3))
         key = (node, box[0] if view.strides[0] and view.shape[0] > 1 else None, box[1]) if per_channel else None
         if key in self.cache:
@@ -184,13 +258,13 @@ def channel_tiles(count: int, start: int = 0) -> list[tuple[int, int]]:
 
 
 def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
-          plan: ir.KernelPlan) -> None:
+          plan: ir.KernelPlan) -> Tile | None:
     """A pooling kernel: per image, channel tile and band, each block's taps folded into an fp32 accumulator
-    with max or add, then evacuated through the epilogue."""
+    with max or add, then evacuated through the epilogue. Returns the resident image when the plan keeps it."""
     node = kernel.nodes[0]
     win, x = Window.of(node), views[node.inputs[0]]
     op, fill = (AluOp.MAX, -math.inf) if node.attrs["op"] == "max" else (AluOp.ADD, 0.0)
-    evacuate = Evacuation(kb, kernel, views, out)
+    evacuate = Evacuation(kb, kernel, views, out, plan)
     block = output_blocks(win.out, POOL_FREE)
     work = [(n, channels, band, blocks) for n in range(x.shape[0]) for channels in channel_tiles(x.shape[1])
             for band, blocks in bands(win, block, 1, x.dtype.itemsize)]
@@ -212,3 +286,4 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
             evacuate(acc.reshape(blk[1] * blk[3]), n, channels, blk)
 
     boxes.pipelined(work, load, finish, ahead=1)
+    return evacuate.image
