@@ -33,6 +33,7 @@ from trnc.passes.graph.precision import Precision
 from trnc.passes.tile.schedule import Schedule
 from trnc.passes.graph.simplify import Simplify
 from trnc.passes.tile.lower import LowerToTiles
+from trnc.passes.tile.prefetch import Prefetch
 from trnc.passes.tile.tiles import TileProgram
 from trnc.passes.tile.verify import verify_tiles
 
@@ -72,6 +73,7 @@ PIPELINE = (
     ChooseLayouts(),   # which dim of each kernel lies on the partitions
     PlanKernels(),     # what crosses kernels: hand-overs in SBUF, orientation, row tiles, feature-major stores
     LowerToTiles(),    # kernels -> tile instructions over HBM views and symbolic buffers
+    Prefetch(),        # convolutions' weight loads ahead of the kernels before them
     Allocate(),        # SBUF/PSUM addresses by liveness
     Schedule(),        # engines, DMA queues, semaphores
     Emit(),            # isa.Program, verified

@@ -46,6 +46,7 @@ class KernelKind:
     fusible: bool = False      # elementwise nodes that read its result may join it
     macs: Callable[[ir.Node], int] | None = None   # MACs of its first node, for contractions
     window: bool = False       # a window over [N, C, H, W] with channels on the partitions (conv, pool)
+    prefetch: bool = False     # its weight loads move ahead of the kernels before it (passes/tile/prefetch.py)
 
     def lowering_module(self) -> ModuleType:
         return importlib.import_module(f"trnc.passes.tile.kernels.{self.module}")
@@ -59,7 +60,8 @@ KINDS = {k.name: k for k in (
     KernelKind("layer_norm", frozenset({"layer_norm"}), "rowwise", row_wise=True),
     KernelKind("matmul", frozenset({"matmul"}), "matmul", contraction=True, fusible=True, macs=_matmul_macs),
     KernelKind("attention", frozenset({"attention"}), "attention", contraction=True, macs=_attention_macs),
-    KernelKind("conv", frozenset({"conv"}), "conv", contraction=True, fusible=True, macs=_conv_macs, window=True),
+    KernelKind("conv", frozenset({"conv"}), "conv", contraction=True, fusible=True, macs=_conv_macs, window=True,
+               prefetch=True),
     KernelKind("pool", frozenset({"pool"}), "window", fusible=True, window=True),
     KernelKind("gather", ir.OPS_GATHER, "movement"),
     KernelKind("movement", ir.OPS_MOVEMENT, "movement"),

@@ -13,6 +13,7 @@ from trnc.passes.pipeline import CompileState
 from trnc.passes.graph.plan import PlanKernels
 from trnc.passes.tile.schedule import Schedule
 from trnc.passes.tile.lower import LowerToTiles
+from trnc.passes.tile.prefetch import Prefetch
 from trnc.runtime import reference
 from trnc.runtime.jit import executor
 
@@ -27,14 +28,14 @@ def const(value: np.ndarray, dtype) -> ir.Node:
 
 def compile_kernels(inputs: list[ir.Node], kernels: list[ir.Kernel], outputs: list[ir.Node] | None = None,
                     target: str = "trn2") -> CompileState:
-    """Run plan -> tile -> allocate -> schedule -> emit on a graph made of `kernels` (in order)."""
+    """Run plan -> tile -> prefetch -> allocate -> schedule -> emit on a graph made of `kernels` (in order)."""
     nodes = [n for k in kernels for n in k.nodes]
     consts = {i for n in nodes for i in n.inputs if i.op == "const"}
     graph = ir.Graph(list(inputs) + sorted(consts, key=lambda n: n.name) + nodes, list(inputs),
                      outputs or [kernels[-1].output], kernels=list(kernels))
     ir.verify(graph)
     state = CompileState(graph, Options(target=target), get_target(target))
-    for p in (PlanKernels(), LowerToTiles(), Allocate(), Schedule(), Emit()):
+    for p in (PlanKernels(), LowerToTiles(), Prefetch(), Allocate(), Schedule(), Emit()):
         state.stats[p.name] = p.run(state)
     return state
 

@@ -36,7 +36,8 @@ from trnc.passes.tile.kernels.elementwise import Operand, emit_chain, immediate,
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 BAND_BYTES = 32 * 1024    # bytes per partition of one input band: two in flight leave SBUF to weights and outputs
-POOL_FREE = 2048          # outputs per partition of one pooling block
+COPY_FREE = 1024          # elements per partition of one engine copy of a band from a resident image
+POOL_FREE = 512           # outputs per partition of one pooling block: the blocks spread over the engines
 Block = tuple[int, int, int, int]   # output rows (start, count) and columns (start, count)
 
 
@@ -139,14 +140,19 @@ def image_region(image: Tile, n: int, channels: tuple[int, int], rows: tuple[int
 
 
 def copy_region(kb: TileBuilder, views: list[tuple[int, Tile]], dst: Tile) -> None:
-    """Copy image views (image_region) into `dst` [channels, ...]: on an engine where the partitions stay, by DMA
-    where they change (the engines work within partitions)."""
+    """Copy image views (image_region) into `dst` [channels, rows, columns]: on the engines where the partitions
+    stay, in pieces of at most COPY_FREE elements per partition so that several engines share a large band; by
+    DMA where the partitions change (the engines work within partitions)."""
     for at, view in views:
         part = dst.narrow(0, at, view.partitions)
-        if part.start_partition == view.start_partition and view.start_partition in aligned_starts(view.partitions):
-            engines.emit(kb, "tensor_copy", dst=part, src=view)
-        else:
+        if part.start_partition != view.start_partition or view.start_partition not in aligned_starts(view.partitions):
             kb.dma(part, view)
+            continue
+        rows, cols = view.shape[1:]
+        step = max(1, COPY_FREE // cols)
+        for r in range(0, rows, step):
+            count = min(step, rows - r)
+            engines.emit(kb, "tensor_copy", dst=part.narrow(1, r, count), src=view.narrow(1, r, count))
 
 
 def load_band(kb: TileBuilder, win: Window, x: HbmView, n: int, channels: tuple[int, int], band: Block,
