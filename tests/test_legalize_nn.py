@@ -28,6 +28,9 @@ NORM_RTOL = 1e-5
 
 
 class Fn(nn.Module):
+    """A module around a function. Defined here, not shared: torch.export records only module forwards in a node's
+    stack trace, so the line an error names is this forward's, which the tests check is in this file."""
+
     def __init__(self, fn):
         super().__init__()
         self.fn = fn

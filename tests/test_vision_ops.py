@@ -164,3 +164,17 @@ class Resample(nn.Module):
 @pytest.mark.parametrize("mode, align_corners", [("nearest", None), ("bilinear", False), ("bilinear", True)])
 def test_resampling_and_shuffles_match_eager(mode, align_corners):
     compiled_matches(Resample(mode, align_corners), torch.randn(1, 8, 5, 7))
+
+
+def test_a_3d_convolution_falls_back_visibly_under_the_backend():
+    from trnc import backend
+    model, x = nn.Sequential(nn.Conv3d(2, 3, 3), nn.ReLU()).eval(), torch.randn(1, 2, 5, 5, 5)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="trnc")(x)
+        expected = model(x)
+    report = backend.last_report()
+    assert [f.op for f in report.fallback] == ["aten.convolution.default"]
+    assert "3 spatial dims" in report.fallback[0].reason
+    assert torch.allclose(got, expected, rtol=FP32_RTOL, atol=1e-6)
+    torch._dynamo.reset()
