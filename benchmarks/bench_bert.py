@@ -17,14 +17,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-import transformers as tf
 
-import trnc.api as trnc_api
-from trnc import flags
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import vision  # noqa: E402  (transformers imports torchvision, which needs it beside torch's CPU build)
+
+vision.torchvision()
+import transformers as tf  # noqa: E402
+
+import trnc.api as trnc_api  # noqa: E402
+from trnc import flags  # noqa: E402
 
 
 def bert_base_config(layers: int) -> tf.BertConfig:

@@ -21,13 +21,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import trnc
-from trnc import flags
-from trnc.runtime.jit import executor
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import vision  # noqa: E402  (transformers imports torchvision, which needs it beside torch's CPU build)
+
+vision.torchvision()
+import trnc  # noqa: E402
+from trnc import flags  # noqa: E402
+from trnc.runtime.jit import executor  # noqa: E402
 
 THREADS = (1, 2)
 

@@ -30,6 +30,7 @@ from trnc.passes.graph.legalize import Legalize
 from trnc.passes.graph.merge_matmuls import MergeMatmuls
 from trnc.passes.graph.plan import PlanKernels
 from trnc.passes.graph.precision import Precision
+from trnc.passes.graph.quantize import Quantize
 from trnc.passes.tile.schedule import Schedule
 from trnc.passes.graph.simplify import Simplify
 from trnc.passes.tile.lower import LowerToTiles
@@ -40,11 +41,13 @@ from trnc.passes.tile.verify import verify_tiles
 
 @dataclass
 class CompileState:
-    """What the passes read and write: the graph, then the tile program, then the instructions and program."""
+    """What the passes read and write: the graph, then the tile program, then the instructions and program.
+    `example_inputs`: the graph's inputs as the caller gave them (the quantize pass calibrates static scales)."""
 
     graph: ir.Graph
     options: Options
     hw: HwConfig
+    example_inputs: tuple = ()
     tiles: TileProgram | None = None
     instructions: list[Instruction] | None = None
     program: Program | None = None
@@ -68,6 +71,7 @@ PIPELINE = (
     FoldConstants(),   # nodes of constants only (masks, rotary tables, reshaped weights) computed now
     Simplify(),        # CSE; reshapes sunk below elementwise ops so fusion sees through them
     MergeMatmuls(),    # sibling matmuls of one input (Q, K, V) into one wider matmul
+    Quantize(),        # precision="fp8": weights' matmuls to fp8 operands scaled per tensor
     Fuse(),            # kernels: matmul epilogues, elementwise chains, row-wise ops
     Precision(),       # storage and compute dtype of every value (auto_cast)
     ChooseLayouts(),   # which dim of each kernel lies on the partitions

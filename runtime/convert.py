@@ -38,7 +38,7 @@ SMALL_FLOATS = {
     DType.BF16: SmallFloat(7, -126, 0x7F7F, 0x7F80, 0x7FC0, 15, True),
     DType.FP16: SmallFloat(10, -14, 0x7BFF, 0x7C00, 0x7E00, 15, True),
     DType.FP8_E4M3: SmallFloat(3, -6, 0x7E, 0x7E, 0x7F, 7, False),   # OCP e4m3fn: saturating, NaN S.1111.111
-    DType.FP8_E5M2: SmallFloat(2, -14, 0x7B, 0x7C, 0x7E, 7, True),
+    DType.FP8_E5M2: SmallFloat(2, -14, 0x7B, 0x7C, 0x7F, 7, True),   # NaN 0x7F: torch's (ml_dtypes: 0x7E)
     DType.FP4_E2M1: SmallFloat(1, 0, 0x7, 0x7, None, 3, False),
 }
 INT_RANGE = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2 ** 31), 2 ** 31 - 1)}

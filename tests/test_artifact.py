@@ -45,7 +45,7 @@ def split(data):
     return header, {s["name"]: data[start + s["offset"]:start + s["offset"] + s["length"]] for s in header["sections"]}
 
 
-def build(header, blobs, mutate=None, version=2, isa_version=ISA_VERSION):
+def build(header, blobs, mutate=None, version=artifact.FORMAT_VERSION, isa_version=ISA_VERSION):
     """An artifact of `blobs` with correct offsets, lengths and checksums; `mutate(header)` then edits the header
     (its checksum is recomputed; the sections stay where the unedited table put them)."""
     header = copy.deepcopy(header)
@@ -145,7 +145,8 @@ def test_header_fields(models):
     assert header == json.loads(data[PREFIX.size:PREFIX.size + head_len])
     assert header["trnc_version"] == trnc.__version__
     assert header["target"] == "trn2" and header["options"] == {"precision": "bf16", "auto_cast": "matmult",
-                                                                "target": "trn2"}
+                                                                "target": "trn2", "fp8_format": "e4m3",
+                                                                "fp8_scaling": "dynamic", "emulate": False}
     assert [(i["name"], i["shape"], i["dtype"], i["torch_dtype"]) for i in header["inputs"]] == [
         (d.name, list(d.shape), d.dtype.text, t) for d, t in zip(compiled.inputs, ("int64", "float32"))]
     assert [o["torch_dtype"] for o in header["outputs"]] == ["float32", "float32", "bool"]
@@ -220,7 +221,7 @@ def test_wrong_magic_and_bare_program(models, tmp_path):
     _rejects(tmp_path, _parts(models)[1]["program"], "bare program", "trnc disasm")
 
 
-@pytest.mark.parametrize("version,words", [(1, ("format version 1", "older")), (3, ("format version 3", "newer"))])
+@pytest.mark.parametrize("version,words", [(2, ("format version 2", "older")), (4, ("format version 4", "newer"))])
 def test_wrong_format_version(models, tmp_path, version, words):
     _rejects(tmp_path, _set_prefix(models["mlp"][2].read_bytes(), 1, version), *words)
 
@@ -242,7 +243,7 @@ def test_header_checksum(models, tmp_path):
 
 
 def _raw_header(head: bytes) -> bytes:
-    return PREFIX.pack(MAGIC, 2, ISA_VERSION, len(head), hashlib.sha256(head).digest()) + head
+    return PREFIX.pack(MAGIC, artifact.FORMAT_VERSION, ISA_VERSION, len(head), hashlib.sha256(head).digest()) + head
 
 
 def test_header_not_json_or_not_an_object(tmp_path):

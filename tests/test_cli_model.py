@@ -30,10 +30,17 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+# `python -m trnc.cli.main`, after what conftest does in this process: transformers' models import torchvision, which
+# needs the op schemas tests/vision.py defines beside torch's CPU build
+CLI = ("import runpy, sys, vision; vision.torchvision(); sys.argv[0] = 'trnc'; "
+       "runpy.run_module('trnc.cli.main', run_name='__main__')")
+
+
 def trnc_cli(*args, cache: Path, cwd=None, **env):
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TRNC_")}
-    environ.update(TRNC_CACHE_DIR=str(cache), **env)
-    return subprocess.run([sys.executable, "-m", "trnc.cli.main", *map(str, args)], capture_output=True, text=True,
+    path = os.pathsep.join(p for p in (os.path.dirname(__file__), environ.get("PYTHONPATH")) if p)
+    environ.update(TRNC_CACHE_DIR=str(cache), PYTHONPATH=path, **env)
+    return subprocess.run([sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=environ)
 
 

@@ -33,22 +33,29 @@ from trnc.progress import Progress
 from trnc.runtime import perf, reference
 
 def compile(model, example_inputs, *, precision: str = Options.precision, target: str = Options.target,
-            auto_cast: str | None = None, example_kwargs: dict | None = None, print_after=(), verify: bool = True,
+            auto_cast: str | None = None, fp8_format: str = Options.fp8_format,
+            fp8_scaling: str = Options.fp8_scaling, emulate: bool = Options.emulate,
+            example_kwargs: dict | None = None, print_after=(), verify: bool = True,
             cache: bool = True) -> "CompiledModel":
     """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
 
-    precision: "fp32" or "bf16" (the type auto_cast casts to). auto_cast: "none", "matmult" (default
-    for bf16: matmul operands) or "all" (every intermediate value). target: "trn1", "trn2", "trn3".
+    precision: "fp32", "bf16", "fp16" (the type auto_cast casts to) or "fp8" (weights' matmuls in fp8 scaled
+    per tensor, the rest as bf16 would be: passes/graph/quantize.py). auto_cast: "none", "matmult" (default
+    but for fp32: matmul operands) or "all" (every intermediate value). target: "trn1", "trn2", "trn3".
+    fp8_format: "e4m3" (OCP e4m3fn) or "e5m2"; fp8_scaling: "dynamic" (activation scales computed on the
+    device) or "static" (calibrated on the example inputs); emulate: run fp8 on a target without fp8
+    double-row matmuls (trn1), at bf16 speed.
     cache: reuse and fill the compile cache on disk (trnc/compile_cache.py); False, TRNC_CACHE=0 or a
     print_after request (the passes must run to print) compile without it. stats["cache"] says "hit",
     "miss" or "off"; stats["compile_seconds"] is the time of this call. trnc/options.py checks the values.
     """
-    options = Options(precision, auto_cast, target)
+    options = Options(precision, auto_cast, target, fp8_format, fp8_scaling, emulate)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     start = time.perf_counter()
     print_after = print_after_names(print_after)
-    models = compile_cache.open_cache(cache and not print_after)
+    calibrated = options.fp8_dtype is not None and options.fp8_scaling == "static"   # depends on input values
+    models = compile_cache.open_cache(cache and not print_after and not calibrated)
     # the progress line stays off when DEBUG lines or printed IR would interleave with it
     debug = get_logger(__name__).isEnabledFor(logging.DEBUG)
     with Progress(0, enabled=not (print_after or debug)) as progress:
@@ -69,7 +76,9 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
             status = "hit"
         else:
             progress.total = len(times) + passes.steps + 1 + (key is not None)
-            compiled = _run_passes(graph, info, options, progress, times, print_after, verify, passes)
+            tensors = tuple(x for x in pytree.tree_leaves((tuple(example_inputs), dict(example_kwargs or {})))
+                            if isinstance(x, torch.Tensor))
+            compiled = _run_passes(graph, info, options, tensors, progress, times, print_after, verify, passes)
             status = "off" if key is None else "miss"
             if key is not None:
                 compiled.stats.update(compile_seconds=time.perf_counter() - start, pass_seconds=dict(times))
@@ -100,10 +109,10 @@ def _cache_key(models: compile_cache.ModelCache, graph, options: Options) -> str
     return key
 
 
-def _run_passes(graph, info, options: Options, progress: Progress, times: dict[str, float], print_after,
-                verify: bool, passes: PassProgress) -> "CompiledModel":
+def _run_passes(graph, info, options: Options, example_inputs: tuple, progress: Progress, times: dict[str, float],
+                print_after, verify: bool, passes: PassProgress) -> "CompiledModel":
     """The pass pipeline (each pass a step of the progress line), then the performance model."""
-    state = CompileState(graph, options, get_target(options.target))
+    state = CompileState(graph, options, get_target(options.target), example_inputs)
     times.update(run_pipeline(state, print_after=print_after, verify=verify, hooks=(passes,)))
 
     def model() -> CompiledModel:

@@ -43,7 +43,7 @@ from trnc.options import OPTION_NAMES, Options
 from trnc.pytree_spec import SpecError, Unregistered, check_spec_nodes
 
 MAGIC = b"TRNCART\0"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3   # 3: options fp8_format, fp8_scaling, emulate
 PREFIX = struct.Struct("<8sIII32s")   # magic, format version, ISA encoding version, header length, header sha256
 ALIGN = 64                            # section offsets are multiples of this: constants are used in place, aligned
 MAX_HEADER_BYTES = 16 * 2**20
@@ -285,7 +285,10 @@ def _check_header(header: dict, data_start: int, size: int) -> None:
     if set(options) != set(OPTION_NAMES):
         raise _Bad(f"header options has keys {sorted(options)}; expected {', '.join(sorted(OPTION_NAMES))}")
     for key in options:
-        _str(options, key, "options")
+        if key == "emulate":
+            _get(options, key, "options", (bool,), "true or false")
+        else:
+            _str(options, key, "options")
     for part in ("inputs", "outputs"):
         for i, entry in enumerate(_objects(header, part)):
             where = f"{part}[{i}]"

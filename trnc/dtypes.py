@@ -21,6 +21,7 @@ DTYPES = {
     torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16, torch.float64: DType.FP32,
     torch.int64: DType.INT32, torch.int32: DType.INT32, torch.int16: DType.INT32, torch.bool: DType.UINT8,
     torch.int8: DType.INT8, torch.uint8: DType.UINT8,
+    torch.float8_e4m3fn: DType.FP8_E4M3, torch.float8_e5m2: DType.FP8_E5M2,
 }
 # the machine dtypes a model's inputs and outputs can have: those of the torch dtypes above
 EXCHANGED_DTYPES = frozenset(DTYPES.values())

@@ -192,6 +192,12 @@ def evaluate(node: ir.Node, args: list[torch.Tensor]) -> torch.Tensor:
 
 def run_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Evaluate a legalized graph on user inputs (converted to each input node's dtype); returns the outputs."""
+    values = evaluate_graph(graph, inputs)
+    return [values[o] for o in graph.outputs]
+
+
+def evaluate_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> dict[ir.Node, torch.Tensor]:
+    """The value of every node of a legalized graph on user inputs (converted to each input node's dtype)."""
     if len(inputs) != len(graph.inputs):
         raise TrncError(f"the graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
     values: dict[ir.Node, torch.Tensor] = {}
@@ -205,4 +211,4 @@ def run_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]
             values[node] = tensor_of(node.attrs["value"], node.dtype).reshape(node.shape)
         elif node.op != "input":
             values[node] = evaluate(node, [values[i] for i in node.inputs])
-    return [values[o] for o in graph.outputs]
+    return values

@@ -12,8 +12,12 @@ from trnc.errors import TrncError
 from trnc.isa.config import DEFAULT_TARGET, TARGETS
 from trnc.isa.dtypes import DType
 
-# the low-precision type auto_cast casts to, by its option value
-PRECISIONS = {"fp32": DType.FP32, "bf16": DType.BF16}
+# the low-precision type auto_cast casts to, by its option value; fp8 is the matmul operands' type only (scaled
+# per tensor: passes/graph/quantize.py), and values auto_cast="all" narrows are bf16 then
+PRECISIONS = {"fp32": DType.FP32, "bf16": DType.BF16, "fp16": DType.FP16, "fp8": DType.FP8_E4M3}
+FP8_FORMATS = {"e4m3": DType.FP8_E4M3, "e5m2": DType.FP8_E5M2}   # OCP e4m3fn (saturating) or e5m2
+# how an fp8 matmul's activation scale is found: its amax on the device at run time, or on the example inputs
+FP8_SCALING = ("dynamic", "static")
 # what auto_cast casts (neuronx-cc's --auto-cast): nothing, matmul and attention operands, every value
 AUTO_CAST = ("none", "matmult", "all")
 
@@ -26,11 +30,15 @@ def _check(name: str, value, allowed) -> None:
 @dataclass(frozen=True)
 class Options:
     """What the user chose; validated on construction. auto_cast None takes the precision's default:
-    "none" for fp32 (nothing to cast to), "matmult" otherwise."""
+    "none" for fp32 (nothing to cast to), "matmult" otherwise. fp8 needs a target with fp8 double-row matmuls
+    unless `emulate` asks for it at bf16 speed."""
 
     precision: str = "fp32"
     auto_cast: str | None = None
     target: str = DEFAULT_TARGET
+    fp8_format: str = "e4m3"
+    fp8_scaling: str = "dynamic"
+    emulate: bool = False
 
     def __post_init__(self):
         _check("precision", self.precision, tuple(PRECISIONS))
@@ -39,10 +47,25 @@ class Options:
         else:
             _check("auto_cast", self.auto_cast, (None, *AUTO_CAST))
         _check("target", self.target, tuple(TARGETS))
+        _check("fp8_format", self.fp8_format, tuple(FP8_FORMATS))
+        _check("fp8_scaling", self.fp8_scaling, FP8_SCALING)
+        if not isinstance(self.emulate, bool):
+            raise TrncError(f"emulate={self.emulate!r} is not allowed; choose one of True, False")
+        if self.precision == "fp8" and not TARGETS[self.target].fp8_double_row and not self.emulate:
+            having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.fp8_double_row)
+            raise TrncError(f"precision='fp8' needs fp8 double-row matmuls, which target {self.target!r} lacks; "
+                            f"choose a target that has them ({having}) or pass emulate=True to run fp8 at bf16 "
+                            "speed")
 
     @property
     def low_dtype(self) -> DType:
-        return PRECISIONS[self.precision]
+        """The storage dtype auto_cast narrows values to ("all"), and the matmul operands' but for fp8."""
+        return DType.BF16 if self.precision == "fp8" else PRECISIONS[self.precision]
+
+    @property
+    def fp8_dtype(self) -> DType | None:
+        """The matmul operands' fp8 dtype, or None when the precision is not fp8."""
+        return FP8_FORMATS[self.fp8_format] if self.precision == "fp8" else None
 
 
 OPTION_NAMES = tuple(f.name for f in fields(Options))

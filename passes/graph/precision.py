@@ -6,7 +6,8 @@ in it (half the HBM bytes); "all" also stores every floating intermediate value 
 norms and reductions always accumulate in fp32 (the engines compute in fp32; only storage
 narrows), and the model's inputs and outputs keep their dtypes, as do nodes marked `keep_fp32` (the
 partial sums of a matmul legalize writes as outer products, which TensorE would keep in PSUM, and the
-fp32 intermediates of ops legalize decomposes, which torch never rounds).
+fp32 intermediates of ops legalize decomposes, which torch never rounds); fp8 values (the quantize pass's, a
+model's own casts) keep their type, and a matmul of fp8 operands computes in it.
 trnc/options.py checks the values.
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
     contract_operands: set[ir.Node] = set()
     for k in graph.kernels:
         first = k.nodes[0]
-        k.compute_dtype = low if (narrow and k.kind in CONTRACT_KINDS) else (
+        quantized = k.kind in CONTRACT_KINDS and first.inputs[0].dtype.is_fp8   # passes/graph/quantize.py
+        k.compute_dtype = low if (narrow and k.kind in CONTRACT_KINDS and not quantized) else (
             first.inputs[0].dtype if k.kind in CONTRACT_KINDS else None)
         if k.kind in CONTRACT_KINDS:
             contract_operands.update(first.inputs[:3])
@@ -43,7 +45,7 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
             keep.add(n)
     kernel_nodes = {n for k in graph.kernels for n in k.nodes}
     for n in graph.nodes:
-        if n in keep or not n.dtype.is_float or n.dtype is low or n.attrs.get("keep_fp32"):
+        if n in keep or not n.dtype.is_float or n.dtype is low or n.dtype.is_fp8 or n.attrs.get("keep_fp32"):
             continue
         if n.op == "const":
             only_contract = all(u in kernel_nodes and u.op in ir.OPS_CONTRACT for u in users[n])

@@ -23,7 +23,7 @@ from trnc.errors import TrncError
 from trnc.log import debug_enabled
 from trnc.isa.ap import Engine
 from trnc.isa.config import TARGETS
-from trnc.options import PRECISIONS, Options
+from trnc.options import FP8_FORMATS, FP8_SCALING, PRECISIONS, Options
 
 DEFINES = ("in it, define `model` and `example_inputs` at module level, or a function returning (model, "
            "example_inputs) and give its name as FILE.py:NAME")
@@ -175,7 +175,8 @@ def drive_compile(args) -> int:
         from trnc import api   # after the model file, which imports torch and so sets up torch's loggers
         with _quiet_torch():
             compiled = api.compile(model, example_inputs, precision=args.precision, target=args.target,
-                                   auto_cast=args.auto_cast, print_after=print_after)
+                                   auto_cast=args.auto_cast, fp8_format=args.fp8_format,
+                                   fp8_scaling=args.fp8_scaling, emulate=args.emulate, print_after=print_after)
         out = Path(args.output) if args.output else source.with_suffix(".trnc")
         compiled.save(out)
     if args.json:
@@ -196,11 +197,19 @@ def add_parsers(sub) -> None:
     p.add_argument("file", metavar="FILE.py[:NAME]", help="the model file, e.g. examples/mlp.py.")
     p.add_argument("-o", "--output", metavar="OUT.trnc", help="artifact to write. Defaults to FILE with suffix .trnc.")
     p.add_argument("--precision", default=Options.precision,
-                   help=f"{' or '.join(PRECISIONS)}, the type auto-cast casts to. Defaults to {Options.precision}.")
+                   help=f"{', '.join(PRECISIONS)}: the type auto-cast casts to (fp8: weights' matmuls in fp8 "
+                        f"scaled per tensor, the rest as bf16). Defaults to {Options.precision}.")
+    p.add_argument("--fp8-format", default=Options.fp8_format, choices=tuple(FP8_FORMATS),
+                   help=f"the fp8 operands' format with --precision fp8. Defaults to {Options.fp8_format}.")
+    p.add_argument("--fp8-scaling", default=Options.fp8_scaling, choices=FP8_SCALING,
+                   help="activation scales computed on the device (dynamic) or from the example inputs (static). "
+                        f"Defaults to {Options.fp8_scaling}.")
+    p.add_argument("--emulate", action="store_true",
+                   help="run fp8 on a target without fp8 double-row matmuls (trn1), at bf16 speed.")
     p.add_argument("--target", choices=TARGETS, default=Options.target,
                    help=f"the machine preset. Defaults to {Options.target}.")
     p.add_argument("--auto-cast", help="what is cast to the precision: none, matmult (matmul operands) or all "
-                                       "(every value). Defaults to none for fp32, matmult for bf16.")
+                                       "(every value). Defaults to none for fp32, matmult otherwise.")
     p.add_argument("--print-after", action="append", metavar="PASS",
                    help="print the IR after a pass on stderr, e.g. 'fuse,tile' or 'all'. Repeatable.")
     p.add_argument("--json", action="store_true", help="print the stats as JSON instead of the table.")

@@ -38,8 +38,11 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   partitions, [128, M / 128, N] for a row-wise kernel, which reads its row tiles there (TileProgram.kept).
   The plan then has b resident in one panel, so each step completes whole rows (make_plan row_tiles).
 
+fp8 operands on a target with double-row matmuls go two whole k-tiles per matmul ([128, 2, X] operands: 256
+rows of K at the cost of 128) where both lie side by side in one buffer.
+
 Numerics: each output element is one fp32 accumulation over k = 0..K-1 in order (products exact
-for bf16, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
+for bf16 and fp8, rounded once for fp32), which is what the numpy reference and the JIT compute bit for bit.
 """
 from __future__ import annotations
 
@@ -197,6 +200,18 @@ class _Region:
         rows = min(PARTITIONS, self.e.gemm.k - kt * PARTITIONS)
         return tile.narrow(0, 0, rows).narrow(2, offset, width).select(1, j)
 
+    def pair(self, kt: int, offset: int, width: int) -> Tile | None:
+        """K-tiles kt and kt + 1 as one [128, 2, width] operand of a double-row matmul, when both are whole and
+        lie side by side in one buffer; else None."""
+        if (kt + 2) * PARTITIONS > self.e.gemm.k:
+            return None
+        while self.kt <= kt + 1:
+            self.emit_next()
+        (tile, j), (other, k) = self.tiles[kt], self.tiles[kt + 1]
+        if other.buffer is not tile.buffer or k != j + 1 or tile.offset != other.offset:
+            return None
+        return tile.narrow(2, offset, width).narrow(1, j, 2)
+
 
 @dataclass
 class _Later:
@@ -262,6 +277,8 @@ class _Emitter:
         self.names = itertools.count()
         self.pdim = nb if plan.orientation == "m" else nb + 1    # the output dim on the partitions
         self.clocks = cost.QueueClocks(kb.hw)     # TensorE and the DMA queues after what is emitted so far
+        # fp8 operands on a target with double-row matmuls: two whole k-tiles per matmul, twice the rate
+        self.double_row = dtype.is_fp8 and kb.hw.fp8_double_row
         # the resident side's sub-tiles lie along the free axis of the output tiles (the moving side) or on
         # their partitions; a block's tile is [P, sub-tile, W] either way, and M is its axis m_axis
         self.along_v = plan.resident == ("b" if plan.orientation == "m" else "a")
@@ -459,14 +476,22 @@ class _Emitter:
         (region, column offset, width)."""
         psums = [self.kb.psum(self.name("acc"), dst.partitions, (dst.free_size,)) for dst in dsts]
         regions = {id(part[0]): part[0] for pair in pairs for part in pair}.values()
-        for kt in range(self.k_tiles):
+        sides = [(a, b) if self.plan.orientation == "m" else (b, a) for a, b in pairs]   # (stationary, moving)
+        kt = 0
+        while kt < self.k_tiles:
             for region in regions:
                 region.fill(self.clocks.pe_seconds + LOOKAHEAD)
-            for (a, b), psum in zip(pairs, psums):
-                s, v = (a, b) if self.plan.orientation == "m" else (b, a)
-                self.kb.emit("matmul", dst=psum, stationary=s[0].at(kt, *s[1:]), moving=v[0].at(kt, *v[1:]),
-                             accumulate=kt > 0)
+            doubles = [(s[0].pair(kt, *s[1:]), v[0].pair(kt, *v[1:])) for s, v in sides] if self.double_row else []
+            double = bool(doubles) and all(None not in d for d in doubles)   # fp8: two k-tiles per matmul
+            for (s, v), psum, pair in zip(sides, psums, doubles if double else sides):
+                if double:
+                    self.kb.emit("matmul", dst=psum, stationary=pair[0], moving=pair[1], accumulate=kt > 0,
+                                 double_row=True)
+                else:
+                    self.kb.emit("matmul", dst=psum, stationary=s[0].at(kt, *s[1:]), moving=v[0].at(kt, *v[1:]),
+                                 accumulate=kt > 0)
                 self.clocks.add_pe(self.pe_seconds(psum.partitions, psum.free_size))
+            kt += 2 if double else 1
         for psum, dst, ops in zip(psums, dsts, operands()):
             if not self.epilogue:
                 engines.emit(self.kb, "tensor_copy", dst=dst, src=psum)

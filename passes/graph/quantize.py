@@ -1,0 +1,135 @@
+"""quantize: the fp8 matmuls of precision="fp8", each operand scaled per tensor into the fp8 range.
+
+A matmul with a constant operand (a linear layer's weight) takes both operands in fp8 (fp8_format: OCP e4m3fn,
+saturating, or e5m2) and gives back fp32, as torchao's tensorwise float8 does (precision.md 3):
+
+    scale(t) = FP8_MAX / max(amax(t), AMAX_FLOOR)        t_q = fp8(t * scale(t)), saturating
+    y = (a_q @ w_q) * (1 / (scale(a) * scale(w)))
+
+The weight is quantized now, at compile time. The activation's scale is its amax computed on the device at run
+time (fp8_scaling="dynamic": an |a| pass, a max reduction, a scalar; the multiply and the cast fuse into one
+pass that stores a_q in fp8, half a bf16 tensor's bytes), or fixed now from the example inputs ("static"), the
+IR interpreter computing the activation. The rescale is an epilogue of the matmul, applied to the fp32 sum as
+PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of two activations stay in bf16 (the
+precision pass: auto_cast narrows them to bf16); so do the values auto_cast="all" narrows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trnc import ir
+from trnc.interpret import evaluate_graph
+from trnc.isa.dtypes import DType
+from trnc.runtime.convert import from_fp32, to_fp32
+
+AMAX_FLOOR = 1e-12   # an all-zero tensor gets a finite scale (torchao's clamp)
+
+
+def _fp32(node: ir.Node) -> np.ndarray:
+    return to_fp32(node.attrs["value"], node.dtype).reshape(node.shape)
+
+
+def _const(value: np.ndarray, dtype: DType, like: ir.Node, name: str) -> ir.Node:
+    return ir.Node("const", (), value.shape, dtype, {"value": from_fp32(value, dtype).reshape(value.shape)},
+                   name=name, source=like.source)
+
+
+def _scale(amax: float, fp8: DType) -> np.float32:
+    """FP8_MAX / max(amax, AMAX_FLOOR), in float64 then fp32, as torchao computes it."""
+    return np.float32(fp8.value.max_finite / max(float(amax), AMAX_FLOOR))
+
+
+class _Quantizer:
+    def __init__(self, graph: ir.Graph, fp8: DType, values: dict | None):
+        self.graph, self.fp8, self.values = graph, fp8, values
+        self.new: list[ir.Node] = []
+
+    def node(self, kind: str, inputs, shape, dtype: DType, at: ir.Node, /, **attrs) -> ir.Node:
+        n = ir.Node(kind, tuple(inputs), tuple(shape), dtype, attrs, source=at.source)
+        self.new.append(n)
+        return n
+
+    def weight(self, w: ir.Node) -> tuple[ir.Node, np.float32]:
+        value = _fp32(w)
+        scale = _scale(np.abs(value).max(initial=0.0), self.fp8)
+        return _const(value * scale, self.fp8, w, f"{w.name}.fp8"), scale
+
+    def activation(self, a: ir.Node, mm: ir.Node) -> tuple[ir.Node, ir.Node | np.float32]:
+        """a_q and the scale: a 0-d node (dynamic) or a number (static)."""
+        if self.values is not None:
+            scale = _scale(self.values[a].abs().max().item() if a.numel else 0.0, self.fp8)
+            scaled = self.node("scalar", (a,), a.shape, DType.FP32, mm, op="mul", value=float(scale),
+                               reverse=False)
+        else:
+            absolute = self.node("unary", (a,), a.shape, DType.FP32, mm, func="abs")
+            amax = self.node("reduce", (absolute,), (), DType.FP32, mm, op="max", axes=tuple(range(len(a.shape))),
+                             keepdim=False)
+            floor = self.node("scalar", (amax,), (), DType.FP32, mm, op="max", value=AMAX_FLOOR, reverse=False)
+            scale = self.node("scalar", (floor,), (), DType.FP32, mm, op="div", value=self.fp8.value.max_finite,
+                              reverse=True)
+            scaled = self.node("binary", (a, scale), a.shape, DType.FP32, mm, op="mul")
+        return self.node("cast", (scaled,), a.shape, self.fp8, mm), scale
+
+    def matmul(self, mm: ir.Node) -> ir.Node | None:
+        """The fp8 form of `mm` (its result node), or None when it is not a weight's matmul."""
+        a, b = mm.inputs
+        if not (a.dtype.is_float and b.dtype.is_float) or (a.op == "const") == (b.op == "const"):
+            return None
+        (act, weight), left = ((a, b), False) if b.op == "const" else ((b, a), True)
+        w_q, w_scale = self.weight(weight)
+        a_q, a_scale = self.activation(act, mm)
+        operands = (w_q, a_q) if left else (a_q, w_q)
+        product = self.node("matmul", operands, mm.shape, DType.FP32, mm)
+        if isinstance(a_scale, ir.Node):
+            both = self.node("scalar", (a_scale,), (), DType.FP32, mm, op="mul", value=float(w_scale), reverse=False)
+            inverse = self.node("unary", (both,), (), DType.FP32, mm, func="reciprocal")
+            result = self.node("binary", (product, inverse), mm.shape, DType.FP32, mm, op="mul")
+        else:
+            inverse = float(1 / (np.float64(a_scale) * np.float64(w_scale)))
+            result = self.node("scalar", (product,), mm.shape, DType.FP32, mm, op="mul", value=inverse, reverse=False)
+        return result if mm.dtype is DType.FP32 else self.node("cast", (result,), mm.shape, mm.dtype, mm)
+
+
+def quantize(graph: ir.Graph, fp8: DType, example_inputs) -> dict:
+    """Rewrite every weight's matmul of `graph` to fp8; example_inputs: the graph's inputs for static scales, or
+    None for dynamic ones."""
+    values = evaluate_graph(graph, list(example_inputs)) if example_inputs is not None else None
+    q = _Quantizer(graph, fp8, values)
+    replaced: dict[ir.Node, ir.Node] = {}
+    nodes: list[ir.Node] = []
+    for n in graph.nodes:
+        n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
+        result = q.matmul(n) if n.op == "matmul" else None
+        if result is None:
+            nodes.append(n)
+            continue
+        consts = [i for i in q.new if i.op == "const"]
+        nodes[:0] = consts                # constants first, as capture lays them out
+        nodes.extend(i for i in q.new if i.op != "const")
+        replaced[n] = result
+        q.new = []
+    graph.nodes = nodes
+    graph.outputs = [replaced.get(o, o) for o in graph.outputs]
+    quantized = len(replaced)
+    graph.prune()
+    return {"fp8_matmuls": quantized}
+
+
+@dataclass(frozen=True)
+class Quantize:
+    """precision="fp8": every matmul with a weight to fp8 operands scaled per tensor, rescaled in its epilogue."""
+
+    name: str = "quantize"
+
+    def run(self, state) -> dict:
+        options = state.options
+        if options.fp8_dtype is None or options.auto_cast == "none":
+            return {"fp8_matmuls": 0}
+        inputs = None
+        if options.fp8_scaling == "static":
+            inputs = [torch.as_tensor(x) for x in state.example_inputs]
+        return quantize(state.graph, options.fp8_dtype, inputs)
+
