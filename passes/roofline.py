@@ -21,14 +21,16 @@ ENGINES = ("pe", "act", "dve", "pool")
 
 def model_pe_cycles(graph: ir.Graph, hw: HwConfig) -> tuple[int, float]:
     """MACs the model asks for and their TensorE cycles at the peak rate of each kernel's operand dtype (fp8 at
-    the double-row rate where the target has it): the compute side of the model's roofline."""
+    the double-row rate where the target has it, MX matmuls at the MX rate): the compute side of the model's
+    roofline."""
     macs, cycles = 0, 0.0
     for kernel in graph.kernels:
         work = kernel_macs(kernel)
         if work:
             macs += work
             dtype = kernel.compute_dtype or DType.FP32
-            cycles += cost.peak_pe_cycles(work, dtype, hw, double_row=dtype.is_fp8 and hw.fp8_double_row)
+            cycles += cost.peak_pe_cycles(work, dtype, hw, double_row=dtype.is_fp8 and hw.fp8_double_row,
+                                          mx=kernel.kind == "matmul_mx")
     return macs, cycles
 
 

@@ -11,11 +11,12 @@ def test_defaults_follow_the_precision_and_the_default_target():
     assert Options() == Options("fp32", "none", DEFAULT_TARGET)
     assert Options("bf16").auto_cast == "matmult"
     assert Options("bf16", "all", "trn1").low_dtype is DType.BF16
-    assert OPTION_NAMES == ("precision", "auto_cast", "target", "fp8_format", "fp8_scaling", "emulate")
+    assert OPTION_NAMES == ("precision", "auto_cast", "target", "fp8_format", "fp8_scaling", "mx_scale", "emulate")
 
 
 @pytest.mark.parametrize("values,message", [
-    ({"precision": "fp64"}, "precision='fp64' is not allowed; choose one of 'fp32', 'bf16', 'fp16', 'fp8'"),
+    ({"precision": "fp64"}, "precision='fp64' is not allowed; choose one of 'fp32', 'bf16', 'fp16', 'fp8', 'mxfp8', "
+                            "'mxfp4'"),
     ({"auto_cast": "most"}, "auto_cast='most' is not allowed; choose one of None, 'none', 'matmult', 'all'"),
     ({"target": "trn9"}, "target='trn9' is not allowed; choose one of 'trn1', 'trn2', 'trn3'"),
     ({"precision": 16}, "precision=16 is not allowed"),
@@ -26,10 +27,13 @@ def test_a_value_outside_the_allowed_ones_names_the_option_and_the_choices(value
 
 
 def test_the_allowed_values_are_the_tables_every_entry_point_reads():
-    assert set(PRECISIONS) == {"fp32", "bf16", "fp16", "fp8"} and AUTO_CAST == ("none", "matmult", "all")
+    assert set(PRECISIONS) == {"fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4"}
+    assert AUTO_CAST == ("none", "matmult", "all")
     for precision in PRECISIONS:
         for auto_cast in AUTO_CAST:
             for target in TARGETS:
+                if precision.startswith("mx") and not TARGETS[target].mx:
+                    continue
                 assert Options(precision, auto_cast, target, emulate=True).target == target
 
 

@@ -34,6 +34,8 @@ TORCH_DTYPES = {
 # dtypes numpy cannot hand to torch directly: moved as raw bits of the same width
 _BITS = {DType.BF16: (np.int16, torch.int16), DType.FP8_E4M3: (np.uint8, torch.uint8),
          DType.FP8_E5M2: (np.uint8, torch.uint8)}
+# dtypes torch has no one-element-per-byte type for (fp4 e2m1, E8M0 scales): their tensors hold the uint8 codes
+CODES_ONLY = frozenset({DType.FP4_E2M1, DType.E8M0})
 INT_RANGES = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2 ** 31), 2 ** 31 - 1)}
 
 
@@ -80,4 +82,6 @@ def tensor_of(value: np.ndarray, dtype: DType) -> torch.Tensor:
     value = np.ascontiguousarray(value, dtype=dtype.storage)
     if dtype in _BITS:
         return torch.from_numpy(value.view(_BITS[dtype][0]).copy()).view(torch_dtype(dtype))
+    if dtype in CODES_ONLY:
+        return torch.from_numpy(value.view(np.uint8).copy())
     return torch.from_numpy(value.copy())

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from trnc import ir
 from trnc.dtypes import INT_RANGES, tensor_of, torch_dtype
 from trnc.errors import TrncError
-from trnc.isa.dtypes import DType
+from trnc.isa.dtypes import MX_BLOCK, DType
+from trnc.isa.enums import ScaleMode
+from trnc.runtime.convert import to_fp32
+from trnc.runtime.mx import quantize_mx, scale_pow2_f64
 
 
 def store(t: torch.Tensor, dtype: DType) -> torch.Tensor:
@@ -103,6 +107,27 @@ def _matmul(n, a, b):
     return torch.matmul(_f32(a), _f32(b))
 
 
+def _matmul_mx(n, x, elems, scales):
+    """x quantized along K in MX blocks (runtime/mx.py, the node's element type and scale rule) times the weight's
+    blocks, as matmul_mx computes: per block of 32 the fp32 sum of the element products in K order, times both
+    scales in float64, added into an fp32 accumulator block by block."""
+    elem = DType.from_text(n.attrs["elem"])
+    *lead, k = x.shape
+    rows = _f32(x).reshape(-1, k).T.contiguous().numpy()
+    codes, x_scales = quantize_mx(rows, elem, ScaleMode.from_text(n.attrs["scale_mode"]))
+    a = to_fp32(codes, elem).reshape(k, -1)
+    b = to_fp32(elems.contiguous().view(torch.uint8).numpy(), elem).reshape(k, -1)
+    w_scales = scales.contiguous().view(torch.uint8).numpy().reshape(k // MX_BLOCK, -1)
+    acc = np.zeros((a.shape[1], b.shape[1]), np.float32)
+    for block in range(k // MX_BLOCK):
+        part = np.zeros_like(acc)
+        for i in range(block * MX_BLOCK, (block + 1) * MX_BLOCK):
+            part = part + np.multiply.outer(a[i], b[i])
+        factor = scale_pow2_f64(x_scales[block][:, None], w_scales[block][None, :])
+        acc = acc + (part.astype(np.float64) * factor).astype(np.float32)
+    return torch.from_numpy(acc).reshape(*lead, b.shape[1])
+
+
 def _attention(n, q, k, v, *mask):
     """softmax(q k^T * scale + mask [+ causal mask]) v, the causal mask aligned to the top left as in torch."""
     scores = torch.matmul(_f32(q), _f32(k).transpose(-1, -2)) * n.attrs["scale"]
@@ -177,6 +202,7 @@ def _copy(n, x):
 EVAL = {
     "unary": _unary, "binary": _binary, "scalar": _scalar, "where": _where, "cast": _cast, "reduce": _reduce,
     "softmax": _softmax, "log_softmax": _log_softmax, "layer_norm": _layer_norm, "matmul": _matmul,
+    "matmul_mx": _matmul_mx,
     "attention": _attention, "conv": _conv, "pool": _pool, "gather": _gather, "reshape": _reshape,
     "permute": _permute, "expand": _expand, "slice": _slice, "cat": _cat, "copy": _copy,
 }

@@ -16,7 +16,7 @@ import networkx as nx
 import numpy as np
 
 from trnc.errors import VerifyError
-from trnc.isa.dtypes import DType
+from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.isa.enums import ActFunc, AluOp
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ BINARY_OPS = frozenset(op.text for op in AluOp if op is not AluOp.BYPASS)
 OPS_ELEMENTWISE = frozenset({"unary", "binary", "scalar", "where", "cast"})
 OPS_REDUCE = frozenset({"reduce"})                       # attrs op (sum/max/min), axes, keepdim
 OPS_ROWWISE = frozenset({"softmax", "log_softmax", "layer_norm"})   # over the last axis
-OPS_CONTRACT = frozenset({"matmul", "attention", "conv"})
+OPS_CONTRACT = frozenset({"matmul", "attention", "conv", "matmul_mx"})
 # sliding windows over [N, C, H, W] (attrs: docs/ir.md; output size: window_out_size)
 OPS_WINDOW = frozenset({"conv", "pool"})
 OPS_GATHER = frozenset({"gather"})                       # table [V, D], index int32 [...] -> [..., D]
@@ -268,6 +268,11 @@ def _check_node(n: Node, legalized: bool) -> str | None:
             return f"matmul of {list(sa)} and {list(sb)} cannot give {list(n.shape)}"
     if n.op in OPS_WINDOW:
         return _check_window(n, ins)
+    if n.op == "matmul_mx":
+        (sa, sw, ss) = ins
+        if len(sa) < 2 or len(sw) != 2 or sa[-1] != sw[0] or sw[0] % MX_BLOCK or ss != (sw[0] // MX_BLOCK, sw[1]) \
+                or n.shape != (*sa[:-1], sw[1]):
+            return f"matmul_mx of {list(sa)} by {list(sw)} with scales {list(ss)} cannot give {list(n.shape)}"
     if n.op == "reshape" and n.numel != n.inputs[0].numel:
         return f"reshape of {n.inputs[0].numel} elements to {list(n.shape)}"
     if n.op == "permute" and tuple(ins[0][d] for d in a["dims"]) != n.shape:

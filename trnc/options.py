@@ -11,11 +11,16 @@ from dataclasses import dataclass, fields
 from trnc.errors import TrncError
 from trnc.isa.config import DEFAULT_TARGET, TARGETS
 from trnc.isa.dtypes import DType
+from trnc.isa.enums import ScaleMode
 
 # the low-precision type auto_cast casts to, by its option value; fp8 is the matmul operands' type only (scaled
 # per tensor: passes/graph/quantize.py), and values auto_cast="all" narrows are bf16 then
-PRECISIONS = {"fp32": DType.FP32, "bf16": DType.BF16, "fp16": DType.FP16, "fp8": DType.FP8_E4M3}
+PRECISIONS = {"fp32": DType.FP32, "bf16": DType.BF16, "fp16": DType.FP16, "fp8": DType.FP8_E4M3,
+              "mxfp8": DType.FP8_E4M3, "mxfp4": DType.FP4_E2M1}
 FP8_FORMATS = {"e4m3": DType.FP8_E4M3, "e5m2": DType.FP8_E5M2}   # OCP e4m3fn (saturating) or e5m2
+# the E8M0 block scale rule of MX quantization (precision.md 7.3): OCP v1.0's floor, its round-up, AWS's
+MX_SCALES = {"floor": ScaleMode.FLOOR, "rceil": ScaleMode.RCEIL, "trn_alt": ScaleMode.TRN_ALT}
+LOW_BIT = ("fp8", "mxfp8", "mxfp4")   # the precisions whose matmul operands are scaled (passes/graph/quantize.py)
 # how an fp8 matmul's activation scale is found: its amax on the device at run time, or on the example inputs
 FP8_SCALING = ("dynamic", "static")
 # what auto_cast casts (neuronx-cc's --auto-cast): nothing, matmul and attention operands, every value
@@ -38,6 +43,7 @@ class Options:
     target: str = DEFAULT_TARGET
     fp8_format: str = "e4m3"
     fp8_scaling: str = "dynamic"
+    mx_scale: str = "floor"
     emulate: bool = False
 
     def __post_init__(self):
@@ -49,8 +55,13 @@ class Options:
         _check("target", self.target, tuple(TARGETS))
         _check("fp8_format", self.fp8_format, tuple(FP8_FORMATS))
         _check("fp8_scaling", self.fp8_scaling, FP8_SCALING)
+        _check("mx_scale", self.mx_scale, tuple(MX_SCALES))
         if not isinstance(self.emulate, bool):
             raise TrncError(f"emulate={self.emulate!r} is not allowed; choose one of True, False")
+        if self.precision in ("mxfp8", "mxfp4") and not TARGETS[self.target].mx:
+            having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.mx)
+            raise TrncError(f"precision={self.precision!r} needs MX matmuls and quantize_mx, which target "
+                            f"{self.target!r} lacks; choose a target that has them ({having})")
         if self.precision == "fp8" and not TARGETS[self.target].fp8_double_row and not self.emulate:
             having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.fp8_double_row)
             raise TrncError(f"precision='fp8' needs fp8 double-row matmuls, which target {self.target!r} lacks; "
@@ -59,13 +70,21 @@ class Options:
 
     @property
     def low_dtype(self) -> DType:
-        """The storage dtype auto_cast narrows values to ("all"), and the matmul operands' but for fp8."""
-        return DType.BF16 if self.precision == "fp8" else PRECISIONS[self.precision]
+        """The storage dtype auto_cast narrows values to ("all"), and the matmul operands' but for the scaled
+        precisions (fp8, mxfp8, mxfp4), whose other values are bf16."""
+        return DType.BF16 if self.precision in LOW_BIT else PRECISIONS[self.precision]
 
     @property
     def fp8_dtype(self) -> DType | None:
         """The matmul operands' fp8 dtype, or None when the precision is not fp8."""
         return FP8_FORMATS[self.fp8_format] if self.precision == "fp8" else None
+
+    @property
+    def mx_dtype(self) -> DType | None:
+        """The MX element dtype of the matmul operands (mxfp8: fp8_format's; mxfp4: e2m1), or None."""
+        if self.precision == "mxfp8":
+            return FP8_FORMATS[self.fp8_format]
+        return DType.FP4_E2M1 if self.precision == "mxfp4" else None
 
 
 OPTION_NAMES = tuple(f.name for f in fields(Options))

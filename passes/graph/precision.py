@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trnc import ir
-from trnc.isa.dtypes import DType
+from trnc.isa.dtypes import MX_FORMATS, DType
 from trnc.passes.graph.kernel_kinds import KINDS
 from trnc.runtime.convert import from_fp32, to_fp32
 
@@ -27,7 +27,8 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
     contract_operands: set[ir.Node] = set()
     for k in graph.kernels:
         first = k.nodes[0]
-        quantized = k.kind in CONTRACT_KINDS and first.inputs[0].dtype.is_fp8   # passes/graph/quantize.py
+        # passes/graph/quantize.py: fp8 operands, or an MX matmul, whose kernel quantizes its input as it loads
+        quantized = k.kind in CONTRACT_KINDS and (first.inputs[0].dtype in MX_FORMATS or first.op == "matmul_mx")
         k.compute_dtype = low if (narrow and k.kind in CONTRACT_KINDS and not quantized) else (
             first.inputs[0].dtype if k.kind in CONTRACT_KINDS else None)
         if k.kind in CONTRACT_KINDS:
@@ -45,7 +46,7 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
             keep.add(n)
     kernel_nodes = {n for k in graph.kernels for n in k.nodes}
     for n in graph.nodes:
-        if n in keep or not n.dtype.is_float or n.dtype is low or n.dtype.is_fp8 or n.attrs.get("keep_fp32"):
+        if n in keep or not n.dtype.is_float or n.dtype is low or n.dtype in MX_FORMATS or n.attrs.get("keep_fp32"):
             continue
         if n.op == "const":
             only_contract = all(u in kernel_nodes and u.op in ir.OPS_CONTRACT for u in users[n])

@@ -1,4 +1,5 @@
-"""quantize: the fp8 matmuls of precision="fp8", each operand scaled per tensor into the fp8 range.
+"""quantize: the low-bit matmuls of precision="fp8" (each operand scaled per tensor into the fp8 range) and of
+"mxfp8" and "mxfp4" (OCP MX blocks of 32 along K).
 
 A matmul with a constant operand (a linear layer's weight) takes both operands in fp8 (fp8_format: OCP e4m3fn,
 saturating, or e5m2) and gives back fp32, as torchao's tensorwise float8 does (precision.md 3):
@@ -12,6 +13,11 @@ pass that stores a_q in fp8, half a bf16 tensor's bytes), or fixed now from the 
 IR interpreter computing the activation. The rescale is an epilogue of the matmul, applied to the fp32 sum as
 PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of two activations stay in bf16 (the
 precision pass: auto_cast narrows them to bf16); so do the values auto_cast="all" narrows.
+
+MX: a matmul x @ w whose weight w [K, N] is a constant and K a multiple of 32 becomes one `matmul_mx` node (x,
+w's elements, w's E8M0 scales): the weight quantized now along K (runtime/mx.py quantize_mx, the mx_scale
+rule), the activation quantized on the device by quantize_mx as the kernel loads its K-tiles
+(passes/tile/kernels/matmul_mx.py), and matmul_mx multiplying the two with both blocks' scales.
 """
 from __future__ import annotations
 
@@ -22,8 +28,11 @@ import torch
 
 from trnc import ir
 from trnc.interpret import evaluate_graph
-from trnc.isa.dtypes import DType
+from trnc.isa.dtypes import MX_BLOCK, DType
+from trnc.isa.enums import ScaleMode
+from trnc.options import MX_SCALES
 from trnc.runtime.convert import from_fp32, to_fp32
+from trnc.runtime.mx import quantize_mx
 
 AMAX_FLOOR = 1e-12   # an all-zero tensor gets a finite scale (torchao's clamp)
 
@@ -93,6 +102,22 @@ class _Quantizer:
         return result if mm.dtype is DType.FP32 else self.node("cast", (result,), mm.shape, mm.dtype, mm)
 
 
+def mx_matmul(mm: ir.Node, elem: DType, mode: ScaleMode) -> list[ir.Node] | None:
+    """The nodes of `mm` as an MX matmul (the last is its result), or None when its weight is not a constant
+    [K, N] right operand with K a multiple of 32."""
+    x, w = mm.inputs
+    if w.op != "const" or len(w.shape) != 2 or w.shape[0] % MX_BLOCK or not x.dtype.is_float or x.op == "const":
+        return None
+    codes, scales = quantize_mx(_fp32(w), elem, mode)
+    elems = ir.Node("const", (), w.shape, elem, {"value": codes}, name=f"{w.name}.mx", source=w.source)
+    scale = ir.Node("const", (), scales.shape, DType.E8M0, {"value": scales.view(DType.E8M0.storage)},
+                    name=f"{w.name}.mx_scale", source=w.source)
+    product = ir.Node("matmul_mx", (x, elems, scale), mm.shape, DType.FP32,
+                      {"elem": elem.text, "scale_mode": mode.text}, source=mm.source)
+    tail = [] if mm.dtype is DType.FP32 else [ir.Node("cast", (product,), mm.shape, mm.dtype, source=mm.source)]
+    return [elems, scale, product, *tail]
+
+
 def quantize(graph: ir.Graph, fp8: DType, example_inputs) -> dict:
     """Rewrite every weight's matmul of `graph` to fp8; example_inputs: the graph's inputs for static scales, or
     None for dynamic ones."""
@@ -118,16 +143,40 @@ def quantize(graph: ir.Graph, fp8: DType, example_inputs) -> dict:
     return {"fp8_matmuls": quantized}
 
 
+def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode) -> dict:
+    """Rewrite every weight's matmul of `graph` that MX can take (mx_matmul) to a matmul_mx."""
+    replaced: dict[ir.Node, ir.Node] = {}
+    nodes: list[ir.Node] = []
+    for n in graph.nodes:
+        n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
+        new = mx_matmul(n, elem, mode) if n.op == "matmul" else None
+        if new is None:
+            nodes.append(n)
+            continue
+        nodes[:0] = new[:2]
+        nodes.extend(new[2:])
+        replaced[n] = new[-1]
+    graph.nodes = nodes
+    graph.outputs = [replaced.get(o, o) for o in graph.outputs]
+    graph.prune()
+    return {"mx_matmuls": len(replaced)}
+
+
 @dataclass(frozen=True)
 class Quantize:
-    """precision="fp8": every matmul with a weight to fp8 operands scaled per tensor, rescaled in its epilogue."""
+    """fp8: every matmul with a weight to fp8 operands scaled per tensor, rescaled in its epilogue; mxfp8 and
+    mxfp4: to matmul_mx with the weight quantized now."""
 
     name: str = "quantize"
 
     def run(self, state) -> dict:
         options = state.options
-        if options.fp8_dtype is None or options.auto_cast == "none":
-            return {"fp8_matmuls": 0}
+        if options.auto_cast == "none":
+            return {}
+        if options.mx_dtype is not None:
+            return quantize_mx_matmuls(state.graph, options.mx_dtype, MX_SCALES[options.mx_scale])
+        if options.fp8_dtype is None:
+            return {}
         inputs = None
         if options.fp8_scaling == "static":
             inputs = [torch.as_tensor(x) for x in state.example_inputs]

@@ -56,3 +56,19 @@ def test_integer_and_activation_only_matmuls_are_left_alone():
     graph = ir.Graph([i, c, mm], [i], [mm])
     assert quantize(graph, E4M3, None) == {"fp8_matmuls": 0}
     assert graph.outputs == [mm]
+
+
+def test_mx_quantizes_the_weight_along_k_and_leaves_the_activation_to_the_kernel():
+    from trnc.isa.enums import ScaleMode
+    from trnc.passes.graph.quantize import quantize_mx_matmuls
+    from trnc.runtime.mx import quantize_mx
+    graph, w = _graph()
+    assert quantize_mx_matmuls(graph, DType.FP4_E2M1, ScaleMode.RCEIL) == {"mx_matmuls": 1}
+    ir.verify(graph)
+    (mx,) = [n for n in graph.nodes if n.op == "matmul_mx"]
+    x, elems, scales = mx.inputs
+    assert x.op == "input" and mx.attrs == {"elem": "fp4_e2m1", "scale_mode": "rceil"}
+    codes, expect = quantize_mx(w.attrs["value"], DType.FP4_E2M1, ScaleMode.RCEIL)
+    assert elems.shape == (32, 16) and scales.shape == (1, 16)
+    assert np.array_equal(elems.attrs["value"].view(np.uint8), codes.view(np.uint8))
+    assert np.array_equal(scales.attrs["value"].view(np.uint8), expect)

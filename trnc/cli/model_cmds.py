@@ -23,7 +23,7 @@ from trnc.errors import TrncError
 from trnc.log import debug_enabled
 from trnc.isa.ap import Engine
 from trnc.isa.config import TARGETS
-from trnc.options import FP8_FORMATS, FP8_SCALING, PRECISIONS, Options
+from trnc.options import FP8_FORMATS, FP8_SCALING, MX_SCALES, PRECISIONS, Options
 
 DEFINES = ("in it, define `model` and `example_inputs` at module level, or a function returning (model, "
            "example_inputs) and give its name as FILE.py:NAME")
@@ -176,7 +176,8 @@ def drive_compile(args) -> int:
         with _quiet_torch():
             compiled = api.compile(model, example_inputs, precision=args.precision, target=args.target,
                                    auto_cast=args.auto_cast, fp8_format=args.fp8_format,
-                                   fp8_scaling=args.fp8_scaling, emulate=args.emulate, print_after=print_after)
+                                   fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
+                                   print_after=print_after)
         out = Path(args.output) if args.output else source.with_suffix(".trnc")
         compiled.save(out)
     if args.json:
@@ -204,6 +205,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--fp8-scaling", default=Options.fp8_scaling, choices=FP8_SCALING,
                    help="activation scales computed on the device (dynamic) or from the example inputs (static). "
                         f"Defaults to {Options.fp8_scaling}.")
+    p.add_argument("--mx-scale", default=Options.mx_scale, choices=tuple(MX_SCALES),
+                   help=f"the E8M0 block scale rule with --precision mxfp8 or mxfp4. Defaults to {Options.mx_scale}.")
     p.add_argument("--emulate", action="store_true",
                    help="run fp8 on a target without fp8 double-row matmuls (trn1), at bf16 speed.")
     p.add_argument("--target", choices=TARGETS, default=Options.target,

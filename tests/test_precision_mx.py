@@ -1,0 +1,83 @@
+"""precision="mxfp8" and "mxfp4" on trn3: the options, a weight's matmul against the product of its dequantized
+MX operands, the SQNR of precision.md's table, the JIT against the reference interpreter, and what stays bf16."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import trnc
+from trnc.errors import TrncError
+from trnc.isa.dtypes import MX_BLOCK, DType
+from trnc.options import MX_SCALES, Options
+from trnc.runtime.convert import to_fp32
+from trnc.runtime.mx import e8m0_decode, quantize_mx
+
+ELEM = {"mxfp8": DType.FP8_E4M3, "mxfp4": DType.FP4_E2M1}
+
+
+class MatMul(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def dequantized(t: np.ndarray, elem: DType, mode: str) -> np.ndarray:
+    """t [K, X] quantized along K as runtime/mx.py specifies (precision.md 7.3), back in float64 (7.5)."""
+    codes, scales = quantize_mx(t.astype(np.float32), elem, MX_SCALES[mode])
+    values = to_fp32(codes, elem).astype(np.float64).reshape(t.shape)
+    return values * np.repeat(e8m0_decode(scales).astype(np.float64), MX_BLOCK, axis=0)
+
+
+def sqnr(ref, got) -> float:
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    return 10 * math.log10((ref ** 2).sum() / ((got - ref) ** 2).sum())
+
+
+def test_mx_needs_trn3():
+    with pytest.raises(TrncError, match="precision='mxfp4' needs MX matmuls and quantize_mx, which target 'trn2' lacks"):
+        Options("mxfp4", target="trn2")
+    assert Options("mxfp8", target="trn3", fp8_format="e5m2").mx_dtype is DType.FP8_E5M2
+    with pytest.raises(TrncError, match="mx_scale='ceil' is not allowed"):
+        Options("mxfp8", target="trn3", mx_scale="ceil")
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "mxfp4"])
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+def test_a_weights_matmul_is_the_product_of_its_dequantized_operands(precision, mode):
+    """Within the fp32 accumulation bound: each block's sum of 32 exact products and the sum over blocks, K
+    2^-24 sum |a w| of the dequantized operands (Higham 4.2), against the float64 product."""
+    a, w = torch.randn(3, 40, 256), torch.randn(256, 96) * 0.1
+    compiled = trnc.compile(MatMul(w), (a,), precision=precision, target="trn3", mx_scale=mode, cache=False)
+    got = compiled(a).double().numpy().reshape(120, 96)
+    elem = ELEM[precision]
+    a_d = dequantized(a.reshape(120, 256).numpy().T, elem, mode).T
+    w_d = dequantized(w.numpy(), elem, mode)
+    exact, magnitude = a_d @ w_d, np.abs(a_d) @ np.abs(w_d)
+    assert np.all(np.abs(got - exact) <= 256 * 2.0 ** -24 * magnitude)
+    assert torch.equal(compiled(a), compiled.run_reference(a))
+
+
+@pytest.mark.parametrize("precision, fmt, mode, expected_db", [
+    ("mxfp8", "e4m3", "floor", 27.7), ("mxfp8", "e4m3", "rceil", 28.5), ("mxfp8", "e5m2", "floor", 22.4),
+    ("mxfp4", "e4m3", "floor", 15.9), ("mxfp4", "e4m3", "rceil", 15.8)])
+def test_a_gaussian_matmul_has_the_sqnr_of_precision_md(precision, fmt, mode, expected_db):
+    """256x4096x256 against float64, precision.md 6's table."""
+    a, w = torch.randn(256, 4096), torch.randn(4096, 256)
+    got = trnc.compile(MatMul(w), (a,), precision=precision, target="trn3", fp8_format=fmt, mx_scale=mode,
+                       cache=False)(a)
+    assert abs(sqnr(a.double() @ w.double(), got) - expected_db) <= 1.0
+
+
+def test_a_weight_whose_k_is_not_a_multiple_of_32_stays_bf16():
+    a, w = torch.randn(16, 40), torch.randn(40, 24)
+    compiled = trnc.compile(MatMul(w), (a,), precision="mxfp8", target="trn3", cache=False)
+    opcodes = {i.opcode for i in compiled.program.instructions}
+    assert "matmul_mx" not in opcodes and "matmul" in opcodes
+    assert sqnr(a.double() @ w.double(), compiled(a)) > 45      # bf16 operands
