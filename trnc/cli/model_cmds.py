@@ -180,10 +180,20 @@ def drive_compile(args) -> int:
                                    print_after=print_after)
         out = Path(args.output) if args.output else source.with_suffix(".trnc")
         compiled.save(out)
+    report = None
+    if args.numerics:
+        from trnc.numerics import numerics_report
+        with quiet, _quiet_torch():
+            report = numerics_report(model, example_inputs, precision=args.precision, target=args.target,
+                                     auto_cast=args.auto_cast, fp8_format=args.fp8_format,
+                                     fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate)
     if args.json:
-        print(json.dumps(compiled.stats, indent=2, sort_keys=True))
+        stats = dict(compiled.stats, **({"numerics": report.to_dict()} if report else {}))
+        print(json.dumps(stats, indent=2, sort_keys=True))
     else:
         print(summary(compiled, source, out, out.stat().st_size))
+        if report:
+            print(report.table())
     return 0
 
 
@@ -215,5 +225,8 @@ def add_parsers(sub) -> None:
                                        "(every value). Defaults to none for fp32, matmult otherwise.")
     p.add_argument("--print-after", action="append", metavar="PASS",
                    help="print the IR after a pass on stderr, e.g. 'fuse,tile' or 'all'. Repeatable.")
+    p.add_argument("--numerics", action="store_true",
+                   help="also print the numerics report: each layer's error at this precision against fp32, fed "
+                        "fp32 inputs, and the output's (docs/precision.md).")
     p.add_argument("--json", action="store_true", help="print the stats as JSON instead of the table.")
     p.set_defaults(drive=drive_compile)
