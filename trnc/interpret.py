@@ -85,7 +85,9 @@ def _cast(n, x):
 
 
 def _reduce(n, x):
-    return REDUCE[n.attrs["op"]](_f32(x), dim=tuple(n.attrs["axes"]), keepdim=n.attrs["keepdim"])
+    """Over |x| with attrs abs (the quantize pass's amax)."""
+    x = _f32(x).abs() if n.attrs.get("abs") else _f32(x)
+    return REDUCE[n.attrs["op"]](x, dim=tuple(n.attrs["axes"]), keepdim=n.attrs["keepdim"])
 
 
 def _softmax(n, x):

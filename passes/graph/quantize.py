@@ -5,11 +5,11 @@ A matmul with a constant operand (a linear layer's weight) takes both operands i
 saturating, or e5m2) and gives back fp32, as torchao's tensorwise float8 does (precision.md 3):
 
     scale(t) = FP8_MAX / max(amax(t), AMAX_FLOOR)        t_q = fp8(t * scale(t)), saturating
-    y = (a_q @ w_q) * (1 / (scale(a) * scale(w)))
+    y = (a_q @ w_q) / scale(a) * (1 / scale(w))
 
 The weight is quantized now, at compile time. The activation's scale is its amax computed on the device at run
-time (fp8_scaling="dynamic": an |a| pass, a max reduction, a scalar; the multiply and the cast fuse into one
-pass that stores a_q in fp8, half a bf16 tensor's bytes), or fixed now from the example inputs ("static"), the
+time (fp8_scaling="dynamic": a max reduction of |a|, a scalar; the multiply and the cast fuse into one pass
+that stores a_q in fp8, half a bf16 tensor's bytes), or fixed now from the example inputs ("static"), the
 IR interpreter computing the activation. The rescale is an epilogue of the matmul, applied to the fp32 sum as
 PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of two activations stay in bf16 (the
 precision pass: auto_cast narrows them to bf16); so do the values auto_cast="all" narrows.
@@ -73,9 +73,8 @@ class _Quantizer:
             scaled = self.node("scalar", (a,), a.shape, DType.FP32, mm, op="mul", value=float(scale),
                                reverse=False)
         else:
-            absolute = self.node("unary", (a,), a.shape, DType.FP32, mm, func="abs")
-            amax = self.node("reduce", (absolute,), (), DType.FP32, mm, op="max", axes=tuple(range(len(a.shape))),
-                             keepdim=False)
+            amax = self.node("reduce", (a,), (), DType.FP32, mm, op="max", axes=tuple(range(len(a.shape))),
+                             keepdim=False, abs=True)
             floor = self.node("scalar", (amax,), (), DType.FP32, mm, op="max", value=AMAX_FLOOR, reverse=False)
             scale = self.node("scalar", (floor,), (), DType.FP32, mm, op="div", value=self.fp8.value.max_finite,
                               reverse=True)
@@ -92,10 +91,10 @@ class _Quantizer:
         a_q, a_scale = self.activation(act, mm)
         operands = (w_q, a_q) if left else (a_q, w_q)
         product = self.node("matmul", operands, mm.shape, DType.FP32, mm)
-        if isinstance(a_scale, ir.Node):
-            both = self.node("scalar", (a_scale,), (), DType.FP32, mm, op="mul", value=float(w_scale), reverse=False)
-            inverse = self.node("unary", (both,), (), DType.FP32, mm, func="reciprocal")
-            result = self.node("binary", (product, inverse), mm.shape, DType.FP32, mm, op="mul")
+        if isinstance(a_scale, ir.Node):   # both steps are the evacuation's: a per-partition divide, a multiply
+            divided = self.node("binary", (product, a_scale), mm.shape, DType.FP32, mm, op="div")
+            result = self.node("scalar", (divided,), mm.shape, DType.FP32, mm, op="mul", value=float(1 / w_scale),
+                               reverse=False)
         else:
             inverse = float(1 / (np.float64(a_scale) * np.float64(w_scale)))
             result = self.node("scalar", (product,), mm.shape, DType.FP32, mm, op="mul", value=inverse, reverse=False)

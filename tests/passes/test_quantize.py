@@ -35,9 +35,10 @@ def test_a_weights_matmul_gets_fp8_operands_and_a_rescale():
     scale = np.float32(448.0 / np.abs(w.attrs["value"]).max())
     assert np.array_equal(tensor_of(weight.attrs["value"], E4M3).reshape(32, 16).float().numpy(),
                           torch.from_numpy(w.attrs["value"] * scale).to(torch.float8_e4m3fn).float().numpy())
-    assert graph.outputs[0].op == "binary" and graph.outputs[0].inputs[0] is fp8[0]   # the rescale epilogue
-    ops = [n.op for n in graph.nodes]
-    assert "reduce" in ops          # the activation's amax, on the device
+    rescale = graph.outputs[0]       # the epilogue: / scale(a), * 1 / scale(w)
+    assert rescale.op == "scalar" and rescale.inputs[0].op == "binary" and rescale.inputs[0].inputs[0] is fp8[0]
+    (amax,) = [n for n in graph.nodes if n.op == "reduce"]     # the activation's amax, on the device
+    assert amax.attrs["abs"] and amax.attrs["op"] == "max" and amax.inputs[0].name == "x"
 
 
 def test_static_scales_come_from_the_example_inputs():

@@ -1,4 +1,5 @@
-"""Reduce kernels (tile stage): sum, max or min of one tensor over any set of axes, accumulated in fp32.
+"""Reduce kernels (tile stage): sum, max or min of one tensor (or of its magnitudes) over any set of axes,
+accumulated in fp32.
 
 The input and the output (seen in the input's index space, with stride 0 along the reduced dims) are
 simplified together (passes/tile/kernels/boxes.py), which keeps kept and reduced dims apart and merges runs
@@ -20,7 +21,7 @@ import math
 from trnc import ir
 from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
-from trnc.isa.enums import AluOp, ReduceOp
+from trnc.isa.enums import ActFunc, AluOp, ReduceOp
 from trnc.passes.tile.kernels import boxes
 from trnc.passes.tile.kernels.engines import emit
 from trnc.passes.tile.kernels.movement import copy_view
@@ -127,6 +128,7 @@ class _Reduction:
                  reduced: list[bool]):
         self.kb, self.groups, self.pdim, self.reduced = kb, groups, pdim, reduced
         self.op = ReduceOp.from_text(node.attrs["op"])
+        self.abs = bool(node.attrs.get("abs"))     # over |x|: the quantize pass's amax
         self.acc = None          # the fp32 accumulator of the kept box being reduced
         main = groups[0][0]
         self.views = main.views
@@ -164,6 +166,8 @@ class _Reduction:
         x, box, _ = item
         tile = self.kb.sbuf("x", x.dtype, boxes.partitions(box, self.pdim), (boxes.free_size(box, self.pdim),))
         boxes.spread(self.kb, tile, x.box_ap(self.pdim, box))
+        if self.abs:
+            emit(self.kb, "activation", dst=tile, src=tile, func=ActFunc.ABS)
         return tile
 
     def finish(self, item, tile) -> None:
