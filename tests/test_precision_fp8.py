@@ -112,3 +112,31 @@ def test_a_models_own_casts_to_float8_match_torch_bit_for_bit(fmt):
     x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     got = trnc.compile(Cast(FP8[fmt]), (x,), cache=False)(x)
     assert got.dtype == FP8[fmt] and torch.equal(got.view(torch.uint8), Cast(FP8[fmt])(x).view(torch.uint8))
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 128))
+        self.lm_head = nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.lm_head(self.body(x))
+
+
+def test_keep_precision_keeps_the_layers_it_names_out_of_fp8():
+    """keep_precision globs match the nn.Module path: lm_head stays bf16 (its matmul not quantized), body.0
+    kept in fp32; the rest is fp8."""
+    torch.manual_seed(0)
+    model, x = Head().eval(), torch.randn(64, 128)
+    plain = trnc.compile(model, (x,), precision="fp8", cache=False)
+    kept = trnc.compile(model, (x,), precision="fp8", cache=False,
+                        keep_precision={"lm_head": "bf16", "body.0": "fp32"})
+    dtypes = [sorted({i["stationary"].dtype.text for i in c.program.instructions if i.opcode == "matmul"})
+              for c in (plain, kept)]
+    assert dtypes == [["fp8_e4m3"], ["bf16", "fp32", "fp8_e4m3"]]
+    with torch.no_grad():
+        ref = model(x)
+    assert sqnr(ref, kept(x)) > sqnr(ref, plain(x)) + 3
+    with pytest.raises(TrncError, match=r"keep_precision\['lm_head'\]='fp8' is not allowed"):
+        Options("fp8", keep_precision={"lm_head": "fp8"})

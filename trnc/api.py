@@ -35,7 +35,7 @@ from trnc.runtime import perf, reference
 def compile(model, example_inputs, *, precision: str = Options.precision, target: str = Options.target,
             auto_cast: str | None = None, fp8_format: str = Options.fp8_format,
             fp8_scaling: str = Options.fp8_scaling, mx_scale: str = Options.mx_scale,
-            emulate: bool = Options.emulate,
+            emulate: bool = Options.emulate, keep_precision: dict | None = None,
             example_kwargs: dict | None = None, print_after=(), verify: bool = True,
             cache: bool = True) -> "CompiledModel":
     """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
@@ -47,12 +47,14 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
     "trn3". fp8_format: "e4m3" (OCP e4m3fn) or "e5m2", the fp8 and mxfp8 elements; fp8_scaling: "dynamic"
     (activation scales computed on the device) or "static" (calibrated on the example inputs); mx_scale:
     "floor" (OCP v1.0), "rceil" or "trn_alt", the E8M0 scale rule; emulate: run fp8 on a target without fp8
-    double-row matmuls (trn1), at bf16 speed.
+    double-row matmuls (trn1), at bf16 speed; keep_precision: {module-path glob: "fp32" | "bf16" | "fp16"},
+    the layers whose matmuls keep that precision, e.g. {"lm_head": "bf16", "*.attn.*": "bf16"}.
     cache: reuse and fill the compile cache on disk (trnc/compile_cache.py); False, TRNC_CACHE=0 or a
     print_after request (the passes must run to print) compile without it. stats["cache"] says "hit",
     "miss" or "off"; stats["compile_seconds"] is the time of this call. trnc/options.py checks the values.
     """
-    options = Options(precision, auto_cast, target, fp8_format, fp8_scaling, mx_scale, emulate)
+    options = Options(precision, auto_cast, target, fp8_format, fp8_scaling, mx_scale, emulate,
+                      dict(keep_precision or {}))
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     start = time.perf_counter()

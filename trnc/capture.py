@@ -111,6 +111,16 @@ def source_of(stack_trace: str | None) -> str:
     return (outside or [text for _, text in frames] or [""])[-1]
 
 
+def module_of(stack) -> str:
+    """The innermost nn.Module path of an fx node's nn_module_stack: torch.export's "blocks.0.fc" as it is, a
+    dynamo graph's "L['self'].blocks[0].fc" in the same form; "" without one."""
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    return re.sub(r"\[(?:'([^']*)'|(\d+))\]", lambda m: "." + (m.group(1) or m.group(2)), path).lstrip(".")
+
+
 def _sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
@@ -190,7 +200,8 @@ class _Importer:
             shape, dtype = (), DType.FP32
         if any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in pytree.tree_leaves(val)):
             attrs["float64"] = True   # legalize refuses it unless it computes it as a constant
-        self.add(ir.Node(str(target), tuple(inputs), shape, dtype, attrs, _sanitize(fx_node.name), source), fx_node)
+        self.add(ir.Node(str(target), tuple(inputs), shape, dtype, attrs, _sanitize(fx_node.name), source,
+                         module_of(fx_node.meta.get("nn_module_stack"))), fx_node)
 
     def outputs(self, output_node: torch.fx.Node) -> tuple[list[ir.Node], tuple[torch.dtype, ...]]:
         """The output nodes and their torch dtypes."""

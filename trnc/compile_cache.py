@@ -121,7 +121,8 @@ def graph_key(graph: ir.Graph, options) -> str:
     _encode(sorted(vars(options).items()), out, digests)
     for n in graph.nodes:
         name = n.name if n.op in ir.OPS_SOURCE else ""
-        out.append(f"node:{n.op}:{name}:{[position[i] for i in n.inputs]}:{n.shape}:{n.dtype.text}\0".encode())
+        out.append(f"node:{n.op}:{name}:{[position[i] for i in n.inputs]}:{n.shape}:{n.dtype.text}:{n.module}\0"
+                   .encode())   # the module path: keep_precision matches it
         _encode(n.attrs, out, digests)
     out.append(f"inputs:{[position[n] for n in graph.inputs]} outputs:{[position[n] for n in graph.outputs]}".encode())
     return hashlib.sha256(b"".join(out)).hexdigest()

@@ -68,7 +68,8 @@ class Node:
     """One operation and the tensor it produces.
 
     `source` is the user's line ("model.py:12: return self.fc(x)") from the fx node's stack trace,
-    so every error about a node can name where it came from.
+    so every error about a node can name where it came from; `module` its nn.Module path, which per-layer
+    precision overrides (Options.keep_precision) match.
     """
 
     op: str
@@ -78,6 +79,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     name: str = ""
     source: str = ""
+    module: str = ""     # the nn.Module path it came from ("encoder.layer.0.attention.self.query"), "" if unknown
 
     def __post_init__(self):
         self.inputs = tuple(self.inputs)

@@ -6,7 +6,8 @@ and sits beside them, below every pass that reads the options.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import fnmatch
+from dataclasses import dataclass, field, fields
 
 from trnc.errors import TrncError
 from trnc.isa.config import DEFAULT_TARGET, TARGETS
@@ -25,6 +26,8 @@ LOW_BIT = ("fp8", "mxfp8", "mxfp4")   # the precisions whose matmul operands are
 FP8_SCALING = ("dynamic", "static")
 # what auto_cast casts (neuronx-cc's --auto-cast): nothing, matmul and attention operands, every value
 AUTO_CAST = ("none", "matmult", "all")
+# what keep_precision may keep a layer's matmuls in
+KEPT_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _check(name: str, value, allowed) -> None:
@@ -36,7 +39,9 @@ def _check(name: str, value, allowed) -> None:
 class Options:
     """What the user chose; validated on construction. auto_cast None takes the precision's default:
     "none" for fp32 (nothing to cast to), "matmult" otherwise. fp8 needs a target with fp8 double-row matmuls
-    unless `emulate` asks for it at bf16 speed."""
+    unless `emulate` asks for it at bf16 speed. keep_precision maps glob patterns over nn.Module paths to the
+    precision those layers' matmuls keep (fp32, bf16, fp16): the scaled formats leave them alone, and their
+    operands are in that dtype."""
 
     precision: str = "fp32"
     auto_cast: str | None = None
@@ -45,6 +50,7 @@ class Options:
     fp8_scaling: str = "dynamic"
     mx_scale: str = "floor"
     emulate: bool = False
+    keep_precision: dict = field(default_factory=dict)
 
     def __post_init__(self):
         _check("precision", self.precision, tuple(PRECISIONS))
@@ -58,6 +64,11 @@ class Options:
         _check("mx_scale", self.mx_scale, tuple(MX_SCALES))
         if not isinstance(self.emulate, bool):
             raise TrncError(f"emulate={self.emulate!r} is not allowed; choose one of True, False")
+        if not isinstance(self.keep_precision, dict) or not all(isinstance(k, str) for k in self.keep_precision):
+            raise TrncError(f"keep_precision={self.keep_precision!r} is not allowed; give a dict of module-path glob "
+                            "patterns to precisions, e.g. {'lm_head': 'bf16', '*.attn.*': 'bf16'}")
+        for pattern, kept in self.keep_precision.items():
+            _check(f"keep_precision[{pattern!r}]", kept, KEPT_PRECISIONS)
         if self.precision in ("mxfp8", "mxfp4") and not TARGETS[self.target].mx:
             having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.mx)
             raise TrncError(f"precision={self.precision!r} needs MX matmuls and quantize_mx, which target "
@@ -73,6 +84,14 @@ class Options:
         """The storage dtype auto_cast narrows values to ("all"), and the matmul operands' but for the scaled
         precisions (fp8, mxfp8, mxfp4), whose other values are bf16."""
         return DType.BF16 if self.precision in LOW_BIT else PRECISIONS[self.precision]
+
+    def kept_dtype(self, module: str) -> DType | None:
+        """The dtype keep_precision keeps the matmuls of nn.Module path `module` in: the first pattern that
+        matches (fnmatch globs over the dotted path), or None."""
+        for pattern, kept in self.keep_precision.items():
+            if module and fnmatch.fnmatchcase(module, pattern):
+                return PRECISIONS[kept]
+        return None
 
     @property
     def fp8_dtype(self) -> DType | None:

@@ -75,7 +75,8 @@ class Rewriter:
         if key is not None and key in self.seen:
             return self.seen[key]
         n = self.current
-        node = ir.Node(op, tuple(inputs), tuple(shape), dtype, attrs, f"{n.name}.{len(self.created) + 1}", n.source)
+        node = ir.Node(op, tuple(inputs), tuple(shape), dtype, attrs, f"{n.name}.{len(self.created) + 1}", n.source,
+                       n.module)
         self.nodes.append(node)
         self.created.append(node)
         if key is not None:

@@ -42,7 +42,8 @@ def _const_operand(add: ir.Node) -> ir.Node:
     return add.inputs[1] if add.inputs[1].op == "const" else add.inputs[0]
 
 
-def merge_matmuls(graph: ir.Graph) -> dict:
+def merge_matmuls(graph: ir.Graph, kept=lambda module: None) -> dict:
+    """`kept`: the dtype keep_precision keeps a module's matmuls in: siblings merge only with equal ones."""
     users = graph.users()
     siblings: dict[ir.Node, list[ir.Node]] = defaultdict(list)
     for n in graph.nodes:
@@ -51,7 +52,8 @@ def merge_matmuls(graph: ir.Graph) -> dict:
     merged = 0
     consts: dict[tuple, ir.Node] = {}   # one merged weight (bias) per set of weights (biases): layers that share
     for a, group in siblings.items():   # their weights (ALBERT) share the merged one too
-        group = [m for m in group if _weight(m).dtype == _weight(group[0]).dtype and m.dtype == group[0].dtype]
+        group = [m for m in group if _weight(m).dtype == _weight(group[0]).dtype and m.dtype == group[0].dtype
+                 and kept(m.module) == kept(group[0].module)]
         if len(group) < 2:
             continue
         biases = [_bias_of(m, users) for m in group]
@@ -82,7 +84,7 @@ def _merge(graph: ir.Graph, a: ir.Node, group: list[ir.Node], biases: list[ir.No
            consts: dict[tuple, ir.Node]) -> None:
     weight, fresh = _concatenated([_weight(m) for m in group], 1, consts)
     out_shape = (*group[0].shape[:-1], weight.shape[1])
-    mm = ir.Node("matmul", (a, weight), out_shape, group[0].dtype, source=group[0].source)
+    mm = ir.Node("matmul", (a, weight), out_shape, group[0].dtype, source=group[0].source, module=group[0].module)
     new = [weight, mm] if fresh else [mm]
     base, ends = mm, group
     if biases is not None:
@@ -111,4 +113,4 @@ class MergeMatmuls:
     name: str = "merge-matmuls"
 
     def run(self, state) -> dict:
-        return merge_matmuls(state.graph)
+        return merge_matmuls(state.graph, state.options.kept_dtype)

@@ -7,7 +7,8 @@ norms and reductions always accumulate in fp32 (the engines compute in fp32; onl
 narrows), and the model's inputs and outputs keep their dtypes, as do nodes marked `keep_fp32` (the
 partial sums of a matmul legalize writes as outer products, which TensorE would keep in PSUM, and the
 fp32 intermediates of ops legalize decomposes, which torch never rounds); fp8 values (the quantize pass's, a
-model's own casts) keep their type, and a matmul of fp8 operands computes in it.
+model's own casts) keep their type, and a matmul of fp8 operands computes in it. A matmul whose nn.Module
+keep_precision names keeps that dtype, and its constant operands are not narrowed.
 trnc/options.py checks the values.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ from trnc.runtime.convert import from_fp32, to_fp32
 CONTRACT_KINDS = frozenset(k.name for k in KINDS.values() if k.contraction)   # matmul, attention
 
 
-def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
+def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda module: None) -> dict:
+    """`kept`: the dtype a node's nn.Module keeps its matmuls in (Options.kept_dtype), or None."""
     narrow = auto_cast != "none" and low is not DType.FP32
     contract_operands: set[ir.Node] = set()
     for k in graph.kernels:
@@ -31,7 +33,9 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str) -> dict:
         quantized = k.kind in CONTRACT_KINDS and (first.inputs[0].dtype in MX_FORMATS or first.op == "matmul_mx")
         k.compute_dtype = low if (narrow and k.kind in CONTRACT_KINDS and not quantized) else (
             first.inputs[0].dtype if k.kind in CONTRACT_KINDS else None)
-        if k.kind in CONTRACT_KINDS:
+        if k.kind in CONTRACT_KINDS and not quantized and kept(first.module) is not None:
+            k.compute_dtype = kept(first.module)
+        elif k.kind in CONTRACT_KINDS:
             contract_operands.update(first.inputs[:3])
     stats = {"consts_narrowed": 0, "values_narrowed": 0}
     if not narrow:
@@ -80,4 +84,5 @@ class Precision:
     name: str = "precision"
 
     def run(self, state) -> dict:
-        return apply_precision(state.graph, state.options.low_dtype, state.options.auto_cast)
+        return apply_precision(state.graph, state.options.low_dtype, state.options.auto_cast,
+                               state.options.kept_dtype)

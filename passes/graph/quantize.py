@@ -57,7 +57,7 @@ class _Quantizer:
         self.new: list[ir.Node] = []
 
     def node(self, kind: str, inputs, shape, dtype: DType, at: ir.Node, /, **attrs) -> ir.Node:
-        n = ir.Node(kind, tuple(inputs), tuple(shape), dtype, attrs, source=at.source)
+        n = ir.Node(kind, tuple(inputs), tuple(shape), dtype, attrs, source=at.source, module=at.module)
         self.new.append(n)
         return n
 
@@ -112,21 +112,21 @@ def mx_matmul(mm: ir.Node, elem: DType, mode: ScaleMode) -> list[ir.Node] | None
     scale = ir.Node("const", (), scales.shape, DType.E8M0, {"value": scales.view(DType.E8M0.storage)},
                     name=f"{w.name}.mx_scale", source=w.source)
     product = ir.Node("matmul_mx", (x, elems, scale), mm.shape, DType.FP32,
-                      {"elem": elem.text, "scale_mode": mode.text}, source=mm.source)
+                      {"elem": elem.text, "scale_mode": mode.text}, source=mm.source, module=mm.module)
     tail = [] if mm.dtype is DType.FP32 else [ir.Node("cast", (product,), mm.shape, mm.dtype, source=mm.source)]
     return [elems, scale, product, *tail]
 
 
-def quantize(graph: ir.Graph, fp8: DType, example_inputs) -> dict:
-    """Rewrite every weight's matmul of `graph` to fp8; example_inputs: the graph's inputs for static scales, or
-    None for dynamic ones."""
+def quantize(graph: ir.Graph, fp8: DType, example_inputs, kept=lambda module: None) -> dict:
+    """Rewrite every weight's matmul of `graph` to fp8, but those `kept` (Options.kept_dtype) names a dtype for;
+    example_inputs: the graph's inputs for static scales, or None for dynamic ones."""
     values = evaluate_graph(graph, list(example_inputs)) if example_inputs is not None else None
     q = _Quantizer(graph, fp8, values)
     replaced: dict[ir.Node, ir.Node] = {}
     nodes: list[ir.Node] = []
     for n in graph.nodes:
         n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
-        result = q.matmul(n) if n.op == "matmul" else None
+        result = q.matmul(n) if n.op == "matmul" and kept(n.module) is None else None
         if result is None:
             nodes.append(n)
             continue
@@ -142,13 +142,14 @@ def quantize(graph: ir.Graph, fp8: DType, example_inputs) -> dict:
     return {"fp8_matmuls": quantized}
 
 
-def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode) -> dict:
-    """Rewrite every weight's matmul of `graph` that MX can take (mx_matmul) to a matmul_mx."""
+def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode, kept=lambda module: None) -> dict:
+    """Rewrite every weight's matmul of `graph` that MX can take (mx_matmul) to a matmul_mx, but those `kept`
+    names a dtype for."""
     replaced: dict[ir.Node, ir.Node] = {}
     nodes: list[ir.Node] = []
     for n in graph.nodes:
         n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
-        new = mx_matmul(n, elem, mode) if n.op == "matmul" else None
+        new = mx_matmul(n, elem, mode) if n.op == "matmul" and kept(n.module) is None else None
         if new is None:
             nodes.append(n)
             continue
@@ -173,11 +174,12 @@ class Quantize:
         if options.auto_cast == "none":
             return {}
         if options.mx_dtype is not None:
-            return quantize_mx_matmuls(state.graph, options.mx_dtype, MX_SCALES[options.mx_scale])
+            return quantize_mx_matmuls(state.graph, options.mx_dtype, MX_SCALES[options.mx_scale],
+                                       options.kept_dtype)
         if options.fp8_dtype is None:
             return {}
         inputs = None
         if options.fp8_scaling == "static":
             inputs = [torch.as_tensor(x) for x in state.example_inputs]
-        return quantize(state.graph, options.fp8_dtype, inputs)
+        return quantize(state.graph, options.fp8_dtype, inputs, options.kept_dtype)
 

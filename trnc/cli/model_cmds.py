@@ -166,6 +166,17 @@ def _quiet_torch():
         torch_logger.setLevel(level)
 
 
+def _kept(pairs) -> dict:
+    """--keep-precision PATTERN=PRECISION arguments as Options.keep_precision."""
+    kept = {}
+    for pair in pairs or ():
+        pattern, sep, precision = pair.rpartition("=")
+        if not sep or not pattern:
+            raise TrncError(f"--keep-precision {pair!r}: expected PATTERN=PRECISION, e.g. 'lm_head=bf16'")
+        kept[pattern] = precision
+    return kept
+
+
 def drive_compile(args) -> int:
     # with --json, stdout carries the JSON only: anything the model file prints goes to stderr
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -177,7 +188,7 @@ def drive_compile(args) -> int:
             compiled = api.compile(model, example_inputs, precision=args.precision, target=args.target,
                                    auto_cast=args.auto_cast, fp8_format=args.fp8_format,
                                    fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
-                                   print_after=print_after)
+                                   keep_precision=_kept(args.keep_precision), print_after=print_after)
         out = Path(args.output) if args.output else source.with_suffix(".trnc")
         compiled.save(out)
     report = None
@@ -186,7 +197,8 @@ def drive_compile(args) -> int:
         with quiet, _quiet_torch():
             report = numerics_report(model, example_inputs, precision=args.precision, target=args.target,
                                      auto_cast=args.auto_cast, fp8_format=args.fp8_format,
-                                     fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate)
+                                     fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
+                                     keep_precision=_kept(args.keep_precision))
     if args.json:
         stats = dict(compiled.stats, **({"numerics": report.to_dict()} if report else {}))
         print(json.dumps(stats, indent=2, sort_keys=True))
@@ -217,6 +229,9 @@ def add_parsers(sub) -> None:
                         f"Defaults to {Options.fp8_scaling}.")
     p.add_argument("--mx-scale", default=Options.mx_scale, choices=tuple(MX_SCALES),
                    help=f"the E8M0 block scale rule with --precision mxfp8 or mxfp4. Defaults to {Options.mx_scale}.")
+    p.add_argument("--keep-precision", action="append", metavar="PATTERN=PRECISION",
+                   help="keep the matmuls of the modules matching a glob over their path in fp32, bf16 or fp16, "
+                        "e.g. 'lm_head=bf16' or '*.attn.*=bf16'. Repeatable.")
     p.add_argument("--emulate", action="store_true",
                    help="run fp8 on a target without fp8 double-row matmuls (trn1), at bf16 speed.")
     p.add_argument("--target", choices=TARGETS, default=Options.target,
