@@ -147,7 +147,8 @@ def test_header_fields(models):
     assert header["target"] == "trn2" and header["options"] == {"precision": "bf16", "auto_cast": "matmult",
                                                                 "target": "trn2", "fp8_format": "e4m3",
                                                                 "fp8_scaling": "dynamic", "mx_scale": "floor",
-                                                                "emulate": False, "keep_precision": {}}
+                                                                "emulate": False, "keep_precision": {},
+                                                                "rounding": "nearest", "seed": 0}
     assert [(i["name"], i["shape"], i["dtype"], i["torch_dtype"]) for i in header["inputs"]] == [
         (d.name, list(d.shape), d.dtype.text, t) for d, t in zip(compiled.inputs, ("int64", "float32"))]
     assert [o["torch_dtype"] for o in header["outputs"]] == ["float32", "float32", "bool"]

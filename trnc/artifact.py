@@ -287,6 +287,8 @@ def _check_header(header: dict, data_start: int, size: int) -> None:
     for key in options:
         if key == "emulate":
             _get(options, key, "options", (bool,), "true or false")
+        elif key == "seed":
+            _get(options, key, "options", (int,), "an integer")
         elif key == "keep_precision":
             kept = _get(options, key, "options", (dict,), "an object")
             for pattern in kept:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from trnc.errors import TrncError
 from trnc.isa.config import DEFAULT_TARGET, TARGETS
 from trnc.isa.dtypes import DType
-from trnc.isa.enums import ScaleMode
+from trnc.isa.enums import Rounding, ScaleMode
 
 # the low-precision type auto_cast casts to, by its option value; fp8 is the matmul operands' type only (scaled
 # per tensor: passes/graph/quantize.py), and values auto_cast="all" narrows are bf16 then
@@ -28,6 +28,8 @@ FP8_SCALING = ("dynamic", "static")
 AUTO_CAST = ("none", "matmult", "all")
 # what keep_precision may keep a layer's matmuls in
 KEPT_PRECISIONS = ("fp32", "bf16", "fp16")
+# how the engines round the values they write in bf16, fp16 or fp8 (passes/tile/kernels/engines.py write)
+ROUNDINGS = {"nearest": Rounding.RNE, "stochastic": Rounding.SR}
 
 
 def _check(name: str, value, allowed) -> None:
@@ -41,7 +43,8 @@ class Options:
     "none" for fp32 (nothing to cast to), "matmult" otherwise. fp8 needs a target with fp8 double-row matmuls
     unless `emulate` asks for it at bf16 speed. keep_precision maps glob patterns over nn.Module paths to the
     precision those layers' matmuls keep (fp32, bf16, fp16): the scaled formats leave them alone, and their
-    operands are in that dtype."""
+    operands are in that dtype. rounding="stochastic" rounds the values the engines write in bf16, fp16 or fp8
+    stochastically, from `seed` (passes/tile/kernels/engines.py write)."""
 
     precision: str = "fp32"
     auto_cast: str | None = None
@@ -51,6 +54,8 @@ class Options:
     mx_scale: str = "floor"
     emulate: bool = False
     keep_precision: dict = field(default_factory=dict)
+    rounding: str = "nearest"
+    seed: int = 0
 
     def __post_init__(self):
         _check("precision", self.precision, tuple(PRECISIONS))
@@ -69,6 +74,9 @@ class Options:
                             "patterns to precisions, e.g. {'lm_head': 'bf16', '*.attn.*': 'bf16'}")
         for pattern, kept in self.keep_precision.items():
             _check(f"keep_precision[{pattern!r}]", kept, KEPT_PRECISIONS)
+        _check("rounding", self.rounding, tuple(ROUNDINGS))
+        if type(self.seed) is not int or not 0 <= self.seed < 2 ** 32:
+            raise TrncError(f"seed={self.seed!r} is not allowed; give an int in [0, 2^32)")
         if self.precision in ("mxfp8", "mxfp4") and not TARGETS[self.target].mx:
             having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.mx)
             raise TrncError(f"precision={self.precision!r} needs MX matmuls and quantize_mx, which target "

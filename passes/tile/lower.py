@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from trnc import ir
 from trnc.errors import TrncError
 from trnc.isa.program import TensorKind
+from trnc.options import ROUNDINGS
 from trnc.passes.graph.kernel_kinds import KINDS
 from trnc.passes.tile import kernels
 from trnc.passes.tile.kernels.movement import copy_view
@@ -59,7 +60,7 @@ def _inverse(chain: list[ir.Node], end: HbmView) -> HbmView | None:
 class _GraphLowering:
     def __init__(self, state):
         self.graph: ir.Graph = state.graph
-        self.tp = TileProgram(state.hw)
+        self.tp = TileProgram(state.hw, rounding=ROUNDINGS[state.options.rounding], seed=state.options.seed)
         self.views: dict[ir.Node, HbmView] = {}
         self.kb = TileBuilder(self.tp)
         self.output_nodes = {n for n in self.graph.outputs}

@@ -22,6 +22,7 @@ import numpy as np
 from trnc.isa.ap import AP, MAX_COUNT, MAX_FREE_DIMS, Engine, Mem
 from trnc.isa.config import PARTITIONS, PSUM_BANK_BYTES, HwConfig
 from trnc.isa.dtypes import DType
+from trnc.isa.enums import Rounding
 from trnc.isa.opcodes import opspec
 from trnc.isa.program import Instruction, TensorDecl, TensorKind
 
@@ -250,6 +251,16 @@ class TileProgram:
     # [min(C, 128), C / 128, N, H, W] tile (channel c on partition c % 128, in block c // 128); see plan.py
     # keeps_image_on_chip and kernels/window.py
     resident: dict[int, Tile] = field(default_factory=dict)
+    # how engines round what they write in a narrow float (Options.rounding) and the seed stochastic rounding
+    # starts from; each instruction that rounds stochastically takes the next seed (next_seed)
+    rounding: Rounding = Rounding.RNE
+    seed: int = 0
+    seeds_taken: int = 0
+
+    def next_seed(self) -> int:
+        """A distinct u32 seed for the next stochastically rounding instruction, from `seed` and a counter."""
+        self.seeds_taken += 1
+        return (self.seed * 0x9E3779B1 + self.seeds_taken * 0x85EBCA77) & 0xFFFFFFFF
 
     def on_chip(self, kx: HbmView) -> Tile | None:
         """The SBUF tile [128, K / 128, X] that holds the view `kx` ([*batch, K, X]: a matmul operand, a row-wise

@@ -23,7 +23,7 @@ from trnc.errors import TrncError
 from trnc.log import debug_enabled
 from trnc.isa.ap import Engine
 from trnc.isa.config import TARGETS
-from trnc.options import FP8_FORMATS, FP8_SCALING, MX_SCALES, PRECISIONS, Options
+from trnc.options import FP8_FORMATS, FP8_SCALING, MX_SCALES, PRECISIONS, ROUNDINGS, Options
 
 DEFINES = ("in it, define `model` and `example_inputs` at module level, or a function returning (model, "
            "example_inputs) and give its name as FILE.py:NAME")
@@ -188,7 +188,8 @@ def drive_compile(args) -> int:
             compiled = api.compile(model, example_inputs, precision=args.precision, target=args.target,
                                    auto_cast=args.auto_cast, fp8_format=args.fp8_format,
                                    fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
-                                   keep_precision=_kept(args.keep_precision), print_after=print_after)
+                                   keep_precision=_kept(args.keep_precision), rounding=args.rounding,
+                                   seed=args.seed, print_after=print_after)
         out = Path(args.output) if args.output else source.with_suffix(".trnc")
         compiled.save(out)
     report = None
@@ -198,7 +199,8 @@ def drive_compile(args) -> int:
             report = numerics_report(model, example_inputs, precision=args.precision, target=args.target,
                                      auto_cast=args.auto_cast, fp8_format=args.fp8_format,
                                      fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
-                                     keep_precision=_kept(args.keep_precision))
+                                     keep_precision=_kept(args.keep_precision), rounding=args.rounding,
+                                     seed=args.seed)
     if args.json:
         stats = dict(compiled.stats, **({"numerics": report.to_dict()} if report else {}))
         print(json.dumps(stats, indent=2, sort_keys=True))
@@ -232,6 +234,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--keep-precision", action="append", metavar="PATTERN=PRECISION",
                    help="keep the matmuls of the modules matching a glob over their path in fp32, bf16 or fp16, "
                         "e.g. 'lm_head=bf16' or '*.attn.*=bf16'. Repeatable.")
+    p.add_argument("--rounding", default=Options.rounding, choices=tuple(ROUNDINGS),
+                   help="how values written in bf16, fp16 or fp8 round. Defaults to nearest (even).")
+    p.add_argument("--seed", type=int, default=Options.seed, help="the seed of stochastic rounding. Defaults to 0.")
     p.add_argument("--emulate", action="store_true",
                    help="run fp8 on a target without fp8 double-row matmuls (trn1), at bf16 speed.")
     p.add_argument("--target", choices=TARGETS, default=Options.target,

@@ -26,7 +26,7 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import COMPARISONS, ActFunc, AluOp
 from trnc.passes.tile.kernels import boxes
-from trnc.passes.tile.kernels.engines import emit
+from trnc.passes.tile.kernels.engines import emit, stochastic, write
 from trnc.passes.tile.kernels.movement import copy_view
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
@@ -290,9 +290,15 @@ def emit_chain(kb: TileBuilder, nodes: list[ir.Node], operands: dict[ir.Node, Op
     """Compute `nodes` (elementwise, in order) on one tile. Each node's inputs are earlier nodes of the list
     or keys of `operands` (an operand's tile may be in PSUM, e.g. a matmul result); a constant input whose
     elements are all equal is used as an immediate and needs no operand. Writes the last node's value into
-    `out` (an SBUF tile [P, F]), converting to out.dtype."""
+    `out` (an SBUF tile [P, F]), converting to out.dtype (stochastically where the program rounds so: the chain
+    then ends in an fp32 tile, which engines.write converts)."""
     check_supported(nodes)
-    _Chain(kb, nodes, operands, out).run()
+    if not stochastic(kb, out.dtype):
+        _Chain(kb, nodes, operands, out).run()
+        return
+    wide = kb.sbuf("wide", DType.FP32, out.partitions, (out.free_size,))   # then rounded stochastically
+    _Chain(kb, nodes, operands, wide).run()
+    write(kb, out, wide)
 
 
 def _operand_ap(view: HbmView, pdim: int | None, box: boxes.Box):

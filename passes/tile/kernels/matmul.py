@@ -494,7 +494,7 @@ class _Emitter:
             kt += 2 if double else 1
         for psum, dst, ops in zip(psums, dsts, operands()):
             if not self.epilogue:
-                engines.emit(self.kb, "tensor_copy", dst=dst, src=psum)
+                engines.write(self.kb, dst, psum)
             else:
                 emit_chain(self.kb, self.epilogue, {self.mm: Operand(psum, False), **ops}, dst)
 

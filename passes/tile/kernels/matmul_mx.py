@@ -72,7 +72,7 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
                         operands.update({i: load_operand(kb, v, nb, box, f"e_{i.name}") for i, v in loads.items()})
                         emit_chain(kb, kernel.nodes[1:], operands, result)
                     else:
-                        engines.emit(kb, "tensor_copy", dst=result, src=psum)
+                        engines.write(kb, result, psum)
                     boxes.spread(kb, out.box_ap(nb, box), result)
 
 

@@ -229,7 +229,7 @@ class Evacuation:
             operands.update({i: self._load(i, view, box) for i, view in self.loads.items()})
             emit_chain(self.kb, self.epilogue, operands, result)
         else:
-            engines.emit(self.kb, "tensor_copy", dst=result, src=acc)
+            engines.write(self.kb, result, acc)
         if self.image is None:
             boxes.spread(self.kb, self.out.box_ap(1, box), result)
         elif not direct:
