@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import trnc
 from trnc.errors import TrncError
@@ -15,17 +14,9 @@ from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.options import MX_SCALES, Options
 from trnc.runtime.convert import to_fp32
 from trnc.runtime.mx import e8m0_decode, quantize_mx
+from test_precision_fp8 import MatMul
 
 ELEM = {"mxfp8": DType.FP8_E4M3, "mxfp4": DType.FP4_E2M1}
-
-
-class MatMul(nn.Module):
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-
-    def forward(self, x):
-        return x @ self.weight
 
 
 def dequantized(t: np.ndarray, elem: DType, mode: str) -> np.ndarray:
