@@ -17,6 +17,8 @@ from .run import VIAS, Config
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description="Differential fuzzing of trnc.")
     parser.add_argument("--n", type=int, default=100, help="programs to run; default 100.")
+    parser.add_argument("--first", type=int, default=0,
+                        help="index of the first program, to resume a stopped run; default 0.")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (program i has seed*10**6+i); default 0.")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (auto_cast none) or bf16 (auto_cast all); default fp32.")
@@ -37,7 +39,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     config = Config(args.precision, args.via)
     report = run_campaign(args.n, args.seed, config, args.jobs, args.out, args.timeout, args.shrink_budget,
-                          args.shrink_limit, log=lambda line: print(line, file=sys.stderr, flush=True))
+                          args.shrink_limit, log=lambda line: print(line, file=sys.stderr, flush=True),
+                          first=args.first)
     print(report.text())
     return 1 if any(o.failed for o in report.outcomes.values()) else 0
 

@@ -77,14 +77,14 @@ class Report:
 
 
 def run_campaign(n: int, seed: int, config: Config, jobs: int, out: Path, timeout: float = 300.0,
-                 shrink_budget: int = 300, shrink_limit: int | None = None, log=print) -> Report:
-    """Run, shrink, write. shrink_limit: at most this many failures shrunk per signature (None: all); the
-    others are written as they are."""
+                 shrink_budget: int = 300, shrink_limit: int | None = None, log=print, first: int = 0) -> Report:
+    """Run programs first .. first+n-1, shrink, write. shrink_limit: at most this many failures shrunk per
+    signature (None: all); the others are written as they are. first resumes a run that was stopped."""
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     pool = Pool(max(jobs, 1), timeout)
     try:
-        outcomes = _run_all(pool, [seed * SEED_STRIDE + i for i in range(n)], config, max(jobs, 1), log)
+        outcomes = _run_all(pool, [seed * SEED_STRIDE + i for i in range(first, first + n)], config, max(jobs, 1), log)
         failures = {s: o for s, o in outcomes.items() if o.failed}
         log(f"{len(failures)} failure(s); shrinking")
         shrunk = _shrink_all(pool, failures, config, max(jobs, 1), shrink_budget, shrink_limit, log)
