@@ -19,6 +19,7 @@ from trnc import ir
 from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
 from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convolution, pooling, batch norm rules)
+from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-reduction and scan rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
 from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
 from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
@@ -282,14 +283,6 @@ def _extreme(rw: Rewriter, n, a):
     x = a["input"]
     op = "max" if n.op.split(".")[1] in ("amax", "max") else "min"
     return rw.reduce(x, op, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False))
-
-
-@rule("aten.max.dim", "aten.min.dim")
-def _extremedim_of(rw: Rewriter, n, a):
-    x = a["input"]
-    (shape, dtype) = n.attrs["outputs"][0]
-    values = rw.reduce(x, n.op.split(".")[1], dims_of(a["dim"], len(x.shape)), a["keepdim"], dtype)
-    return [values, Unusable("indices")]
 
 
 @rule("aten.var.correction", "aten.var.dim", "aten.var.default", "aten.std.correction", "aten.std.dim",

@@ -67,7 +67,7 @@ def check_supported(nodes: list[ir.Node]) -> None:
     """Reject what the fp32 engines cannot compute as torch does: integer arithmetic and float-to-int casts."""
     for n in nodes:
         src = n.inputs[0].dtype if n.inputs else n.dtype
-        if n.op == "cast" and n.dtype.is_int and not src.is_int:
+        if n.op == "cast" and n.dtype.is_int and not src.is_int and not n.attrs.get("integral"):
             raise UnsupportedOpError(
                 f"cast of %{n.name} from {src.text} to {n.dtype.text}{n.where()}: torch truncates toward zero and "
                 "the engines round to nearest; cast after an explicit trunc/round, or keep the value in float")
