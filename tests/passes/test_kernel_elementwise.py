@@ -233,6 +233,21 @@ def test_two_scalar_steps_are_one_tensor_scalar():
     assert opcodes(state)["tensor_scalar"] == 1
 
 
+@pytest.mark.parametrize("dtype", [BF16, DType.FP8_E4M3])
+def test_a_final_cast_rounds_as_its_producer_stores(dtype):
+    """x * s then a cast (fp8 quantization, a bf16 result): the tensor_scalar writes the narrow output itself,
+    bit for bit what a fp32 intermediate and a tensor_copy give (ml_dtypes rounds the fp32 product the same
+    way; e4m3fn saturates, so values stay below 448)."""
+    xs = randn(128, 512) * 50
+    x = harness.inp(0, xs.shape, F32)
+    m = scalar(x, "mul", 1.7)
+    out, state = run([x], [xs], [m, node("cast", [m], m.shape, dtype)])
+    narrow = ml_dtypes.bfloat16 if dtype is BF16 else ml_dtypes.float8_e4m3fn
+    ref = np.minimum(np.maximum(xs * np.float32(1.7), -448), 448) if dtype is not BF16 else xs * np.float32(1.7)
+    assert np.array_equal(np.asarray(out, np.float32), ref.astype(narrow).astype(np.float32))
+    assert "tensor_copy" not in opcodes(state) and opcodes(state)["tensor_scalar"] >= 1
+
+
 def test_shared_intermediate_silu_by_hand():
     """x * sigmoid(x): x is used twice, the product is a tensor_tensor of two full tiles."""
     xs = randn(5, 6, 700)

@@ -178,11 +178,19 @@ class _Chain:
         return self.column(v) if per_partition else self.full(v)
 
     def dst(self, n: ir.Node, per_partition: bool) -> Operand:
-        if n is self.nodes[-1]:
+        if n is self.nodes[-1] or (not per_partition and self.rounds_into_out(n)):
             return Operand(self.out, False)
         dtype = n.dtype if n.op == "cast" else DType.FP32    # a cast rounds; other intermediates stay fp32
         free = (1,) if per_partition else (self.free,)
         return Operand(self.kb.sbuf(f"t_{n.name}", dtype, self.parts, free), per_partition)
+
+    def rounds_into_out(self, n: ir.Node) -> bool:
+        """n only feeds the last node, a cast to the output's dtype: n's instruction writes the output itself,
+        since every instruction computes in fp32 and rounds as it stores, as the cast's tensor_copy would."""
+        last = self.nodes[-1]
+        return (last.op == "cast" and not last.attrs and last.inputs[0] is n and self.uses[n] == 1
+                and last.dtype is self.out.dtype
+                and n.op != "const")
 
     def scalar(self, name: str, s: float | Tile) -> dict:
         return {f"{name}_ap": s} if isinstance(s, Tile) else {name: s}
@@ -254,9 +262,12 @@ class _Chain:
     def single(self, i: int) -> int:
         """Node i alone, by its own instruction (its operands made full or per-partition as needed)."""
         n = self.nodes[i]
+        ins = [self.values[x] for x in n.inputs]
+        if n is self.nodes[-1] and n.op == "cast" and isinstance(ins[0], Operand) and ins[0].tile is self.out:
+            self.values[n] = ins[0]          # its input rounded into the output already (rounds_into_out)
+            return 1
         pp = self.narrow([n])
         dst = self.dst(n, pp)
-        ins = [self.values[x] for x in n.inputs]
         if n.op == "where":
             emit(self.kb, "select", dst=dst.tile, pred=self.src(ins[0], pp), on_true=self.src(ins[1], pp),
                  on_false=self.src(ins[2], pp))
