@@ -22,6 +22,7 @@ from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convol
 from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-reduction and scan rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
 from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
+from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
 
 if TYPE_CHECKING:

@@ -1,0 +1,188 @@
+"""legalize rules of the long tail of Core ATen (issue 16) that need no new machine op: vector norms, the sign
+and step functions, and the structural ops (diagonals, flips, windows), lowered to the existing trnc op set
+(registered in passes/graph/legalize_table.py's `pm_legalize`).
+
+Norms: torch's CPU kernel computes a vector norm in fp32 (it overflows where |x|^p does, as here), so each is
+one reduction in fp32 of |x|, of |x|^2 or of |x|^p and a root; 1, inf and -inf norms read |x| inside the
+reduction (its `abs` attribute), no |x| tensor in HBM. Most losses, cosine_similarity, pairwise_distance and
+normalize reach legalize already decomposed into these norms and elementwise ops.
+
+Structure: the IR's views have no negative stride and no diagonal stride, so a diagonal is a slice with step
+width + 1 of the flattened rows, a flip a gather of the rows in reverse (an exact move of floats; other dtypes
+a cat of one-wide slices), and unfold a stack of strided slices, one per position in the window. All of these
+move values exactly: no arithmetic touches them.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from trnc import ir
+from trnc.isa.dtypes import DType
+from trnc.passes.graph import legalize_rules as base   # circular: legalize_rules imports this module; used at call time
+from trnc.passes.graph.legalize_table import dim_of, dims_of, rule
+
+if TYPE_CHECKING:
+    from trnc.passes.graph.legalize import Rewriter
+
+FP32 = DType.FP32
+MAX_SLICES = 64   # a non-float flip or a wide unfold is at most this many slices; beyond, floats go through a gather
+
+
+# -- norms -------------------------------------------------------------------------------------------------
+def _reduce_abs(rw: Rewriter, x: ir.Node, op: str, axes, keepdim: bool) -> ir.Node:
+    """op over |x|, |x| taken on each loaded tile by the reduction itself (no |x| tensor written)."""
+    if not axes or any(x.shape[d] == 0 for d in axes):   # nothing to reduce, or nothing in it: the helper's cases
+        return rw.reduce(rw.unary(x, "abs", FP32), op, axes, keepdim, FP32)
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
+    return rw.emit("reduce", (x,), shape, FP32, op=op, axes=tuple(axes), keepdim=bool(keepdim), abs=True)
+
+
+@rule("aten.linalg_vector_norm.default")
+def _vector_norm(rw: Rewriter, n, a):
+    """(sum |x|^p)^(1/p) over `dim` as torch's kernel cases it: p = 2 sqrt of a sum of squares, 1 a sum of |x|,
+    inf and -inf the largest and smallest |x|, 0 the count of nonzeros, any other p through pow (a negative p
+    makes |0|^p inf and the norm 0, as in torch). fp32 inside; the result rounds once to its dtype."""
+    x, p = a["input"], float(a["ord"])
+    if not n.dtype.is_float:
+        rw.fail(f"with result dtype {n.dtype.text} is not supported")
+    axes, keepdim = dims_of(a["dim"], len(x.shape)), a["keepdim"]
+    if p == math.inf or p == -math.inf:
+        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "max" if p > 0 else "min", axes, keepdim),
+                                              n.dtype), x)
+    if p == 1:
+        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "sum", axes, keepdim), n.dtype), x)
+    if p == 0:
+        return rw.reduce(rw.cast(rw.scalar(x, "ne", 0), FP32), "sum", axes, keepdim, n.dtype)
+    if p == 2:
+        total = rw.reduce(rw.unary(x, "square", FP32), "sum", axes, keepdim, FP32)
+        return base._keep_fp32_inside(rw.unary(total, "sqrt", n.dtype), x)
+    powers = rw.scalar(rw.unary(x, "abs", FP32), "pow", p, dtype=FP32)
+    total = rw.reduce(powers, "sum", axes, keepdim, FP32)
+    return base._keep_fp32_inside(rw.scalar(total, "pow", 1 / p, dtype=n.dtype), x)
+
+
+# -- sign and step functions -------------------------------------------------------------------------------
+@rule("aten.copysign.Tensor", "aten.copysign.Scalar")
+def _copysign(rw: Rewriter, n, a):
+    """|x| with the sign of `other`. The sign of a tensor is read by comparisons: other is negative when
+    min(other, 1 / other) < 0, which also holds for -0.0 (1 / -0.0 = -inf) and -inf (min is -inf); a NaN counts
+    as positive (its sign bit is not observable here, where torch reads it)."""
+    x, other = a["input"], a["other"]
+    magnitude = rw.unary(x, "abs", FP32)
+    if not isinstance(other, ir.Node):
+        return rw.unary(magnitude, "neg") if math.copysign(1.0, other) < 0 else rw.cast(magnitude, n.dtype)
+    inverse = rw.scalar(other, "div", 1, reverse=True, dtype=FP32)
+    negative = rw.scalar(rw.binary("min", other, inverse, FP32), "lt", 0)
+    return rw.where(negative, rw.unary(magnitude, "neg", FP32), magnitude, n.dtype)
+
+
+@rule("aten.heaviside.default", whole=True)
+def _heaviside(rw: Rewriter, n, a):
+    """`values` where x == 0, else x > 0 (NaN gives 0, as torch's kernel); torch's decomposition asks isnan."""
+    x = a["input"]
+    step = rw.cast(rw.scalar(x, "gt", 0), n.dtype)
+    return rw.where(rw.scalar(x, "eq", 0), a["values"], step, n.dtype)
+
+
+# -- structure ---------------------------------------------------------------------------------------------
+@rule("aten.narrow_copy.default")
+def _narrow_copy(rw: Rewriter, n, a):
+    """narrow; the IR's values are never aliases, so the copy is the view."""
+    x = a["input"]
+    dim = dim_of(a["dim"], len(x.shape))
+    start = a["start"] + x.shape[dim] if a["start"] < 0 else a["start"]
+    return rw.slice(x, dim, start, start + a["length"])
+
+
+def _diagonal_view(rw: Rewriter, x: ir.Node, offset: int, dim1: int, dim2: int):
+    """x with dim1 and dim2 moved last and cut to the rows and columns the diagonal crosses: (view, count), the
+    diagonal running from the view's [0, 0] down and right."""
+    rank = len(x.shape)
+    d1, d2 = dim_of(dim1, rank), dim_of(dim2, rank)
+    m = rw.permute(x, [d for d in range(rank) if d not in (d1, d2)] + [d1, d2])
+    rows, cols = m.shape[-2:]
+    r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+    count = max(0, min(rows - r0, cols - c0))
+    return m, r0, c0, count
+
+
+@rule("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(rw: Rewriter, n, a):
+    """The rows the diagonal crosses, flattened: element i of the diagonal is at i * (width + 1), one slice
+    with that step (the view has no diagonal stride)."""
+    m, r0, c0, count = _diagonal_view(rw, a["input"], a["offset"], a["dim1"], a["dim2"])
+    rank = len(m.shape)
+    band = rw.slice(rw.slice(m, rank - 2, r0, r0 + count), rank - 1, c0, m.shape[-1])
+    width = band.shape[-1]
+    flat = rw.reshape(band, band.shape[:-2] + (count * width,))
+    return rw.slice(flat, rank - 2, 0, (count - 1) * (width + 1) + 1, width + 1)
+
+
+@rule("aten.diagonal_scatter.default")
+def _diagonal_scatter(rw: Rewriter, n, a):
+    """input with its diagonal replaced by src: a select by a constant diagonal mask between input and src's
+    element i spread along row r0 + i (zero rows above and below), then the dims moved back."""
+    x, src = a["input"], a["src"]
+    m, r0, c0, count = _diagonal_view(rw, x, a["offset"], a["dim1"], a["dim2"])
+    rows, cols = m.shape[-2:]
+    mask = torch.zeros(rows, cols, dtype=torch.bool)
+    mask[torch.arange(count) + r0, torch.arange(count) + c0] = True
+    batch = m.shape[:-2]
+    spread = rw.expand(rw.reshape(src, batch + (count, 1)), batch + (count, cols))
+    zeros = [rw.filled(0, batch + (k, cols), n.dtype) for k in (r0, rows - r0 - count)]
+    placed = rw.cat([p for p in (zeros[0], spread, zeros[1]) if p.shape[-2]], len(m.shape) - 2, n.dtype)
+    out = rw.where(rw.const(mask, DType.UINT8), placed, m, n.dtype)
+    rank = len(x.shape)
+    d1, d2 = dim_of(a["dim1"], rank), dim_of(a["dim2"], rank)
+    order = [d for d in range(rank) if d not in (d1, d2)] + [d1, d2]
+    return rw.permute(out, [order.index(d) for d in range(rank)])
+
+
+def _reversed(rw: Rewriter, x: ir.Node, dim: int) -> ir.Node:
+    """x along `dim` in reverse: a gather of the rows by a constant index for floats (exact moves), else a cat of
+    one-wide slices (a view has no negative step)."""
+    size = x.shape[dim]
+    if x.dtype.is_float:
+        return base._take(rw, x, dim, rw.const(torch.arange(size - 1, -1, -1), DType.INT32))
+    if size > MAX_SLICES:
+        rw.fail(f"of a {x.dtype.text} tensor along a dim of {size} is not supported: the gather moves float rows, "
+                f"and a flip of {x.dtype.text} values is at most {MAX_SLICES} slices")
+    return rw.cat([rw.slice(x, dim, i, i + 1) for i in range(size - 1, -1, -1)], dim, x.dtype)
+
+
+@rule("aten.flip.default")
+def _flip(rw: Rewriter, n, a):
+    x = a["input"]
+    for d in sorted({dim_of(d, len(x.shape)) for d in a["dims"]} if x.shape else ()):
+        if x.shape[d] > 1:
+            x = _reversed(rw, x, d)
+    return x
+
+
+@rule("aten.unfold.default", "aten.unfold_copy.default")
+def _unfold(rw: Rewriter, n, a):
+    """Windows of `size` every `step` along `dimension`, the window's positions a new last dim: position j of
+    every window is one slice with step `step` from j; the slices stacked (a reshape when the windows tile the
+    dim). Floats with wide overlapping windows are one gather of a constant [windows, size] index instead."""
+    x, size, step = a["input"], a["size"], a["step"]
+    if not x.shape:
+        return rw.reshape(x, n.shape)
+    d = dim_of(a["dimension"], len(x.shape))
+    windows = n.shape[d]
+    if step == size or windows == 1:
+        cut = rw.slice(x, d, 0, (windows - 1) * step + size)
+        split = rw.reshape(cut, x.shape[:d] + (windows, size) + x.shape[d + 1:])
+        return rw.permute(split, [k for k in range(len(split.shape)) if k != d + 1] + [d + 1])
+    if size > MAX_SLICES and x.dtype.is_float:
+        index = torch.arange(windows)[:, None] * step + torch.arange(size)
+        taken = base._take(rw, x, d, rw.const(index, DType.INT32))
+        return rw.permute(taken, [k for k in range(len(taken.shape)) if k != d + 1] + [d + 1])
+    if size > MAX_SLICES:
+        rw.fail(f"of a {x.dtype.text} tensor with windows of {size} is not supported (at most {MAX_SLICES})")
+    last = (windows - 1) * step
+    shape = x.shape[:d] + (windows,) + x.shape[d + 1:] + (1,)
+    return rw.cat([rw.reshape(rw.slice(x, d, j, j + last + 1, step), shape) for j in range(size)], len(x.shape),
+                  x.dtype)
