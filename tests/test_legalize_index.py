@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import trnc
+from trnc.errors import UnsupportedOpError
 
 SIZES = (1, 127, 128, 129, 513)
 U = 2.0 ** -24   # fp32's unit roundoff
@@ -98,3 +99,87 @@ def test_arg_reductions_of_other_dtypes():
     assert_same(run(lambda t: (t.argmax(1), t.argmin(0)), i), (i.argmax(1), i.argmin(0)))
     s = torch.tensor(2.5)
     assert_same(run(lambda t: (t.argmax(), torch.max(t, 0)), s), (s.argmax(), torch.max(s, 0)))
+
+
+# -- cumsum -------------------------------------------------------------------------------------------------
+def cumsum_bound(x: torch.Tensor, ref: torch.Tensor, dim: int, unit: float = U) -> torch.Tensor:
+    """How far an fp32 cumsum may be from eager's. Eager's CPU kernel sums in float64 and rounds each output
+    once (<= u |eager_i|); the machine sums the i + 1 terms of output i in fp32 (the matmul accumulates in fp32,
+    adding exact zeros for the terms past i), so i roundings: <= gamma(i) sum_{k<=i} |x_k|, gamma(i) = i u /
+    (1 - i u), in any order of summation (Higham, Accuracy and Stability of Numerical Algorithms, 4.2).
+    `unit`: the output's unit roundoff (2^-8 for bf16 outputs)."""
+    terms = torch.arange(1, x.shape[dim] + 1, dtype=torch.float64) - 1
+    terms = terms.reshape([-1 if d == dim % x.dim() else 1 for d in range(x.dim())])
+    gamma = terms * U / (1 - terms * U)
+    magnitude = x.double().abs().cumsum(dim)
+    return gamma * magnitude + unit * ref.double().abs()
+
+
+def wide(*shape, seed: int) -> torch.Tensor:
+    """Normal values scaled by 10^-3 .. 10^3 (so partial sums cancel and round) of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g) * 10.0 ** torch.empty(*shape).uniform_(-3, 3, generator=g)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dim", (-1, 0))
+def test_cumsum_within_its_accumulation_bound(size, dim):
+    x = wide(size, 9, seed=size).movedim(0, dim).contiguous()
+    ref = x.cumsum(dim)
+    got = run(lambda t: t.cumsum(dim), x)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert bool(((got.double() - ref.double()).abs() <= cumsum_bound(x, ref, dim)).all())
+
+
+def test_cumsum_of_a_middle_axis_and_of_bf16():
+    x = wide(3, 200, 5, seed=11)
+    ref = x.cumsum(1)
+    assert bool(((run(lambda t: t.cumsum(-2), x).double() - ref.double()).abs() <= cumsum_bound(x, ref, 1)).all())
+    b = x.to(torch.bfloat16)
+    ref = b.cumsum(1)   # eager sums in fp32 and rounds to bf16; the two fp32 sums differ by their bounds
+    got = run(lambda t: t.cumsum(1), b)
+    assert got.dtype == torch.bfloat16
+    assert bool(((got.double() - ref.double()).abs() <= 2 * cumsum_bound(b, ref, 1, 2.0 ** -8)).all())
+
+
+def test_cumsum_keeps_eager_infinities_and_nans():
+    """A product by the triangle's zeros would be NaN for an infinite x: the counts of +-inf decide instead."""
+    x = wide(6, 140, seed=5)
+    x[0, 3], x[1, 4], x[2, 5] = math.inf, -math.inf, math.nan
+    x[3, 7], x[3, 90] = math.inf, -math.inf      # inf, then NaN from inf - inf on
+    x[4, 0], x[4, 139] = -math.inf, -math.inf
+    x[5, 10], x[5, 11] = math.inf, math.inf
+    ref = x.cumsum(1)
+    got = run(lambda t: t.cumsum(1), x)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.isinf(), ref.isinf())
+    finite = ref.isfinite()
+    assert torch.equal(got[~finite & ~ref.isnan()], ref[~finite & ~ref.isnan()])
+    assert bool(((got - ref).double().abs()[finite] <= cumsum_bound(x.nan_to_num(0, 0, 0), ref, 1)[finite]).all())
+
+
+@pytest.mark.parametrize("size", (129, 513))
+def test_integer_cumsum_of_a_mask_is_exact(size):
+    """RoBERTa's position ids: the cumsum of `input_ids.ne(pad).int()` (int64 in torch, int32 here), exact in
+    fp32 as every partial sum of 0/1 values stays below 2^24; bool and int8 inputs alike."""
+    g = torch.Generator().manual_seed(size)
+    ids = torch.randint(0, 4, (3, size), generator=g)
+    fns = (lambda t: torch.cumsum(t.ne(1).int(), dim=1), lambda t: (t > 1).cumsum(0),
+           lambda t: t.to(torch.int8).cumsum(-1, dtype=torch.int32))
+    for fn in fns:
+        assert_same(run(fn, ids), fn(ids))
+
+
+def test_integer_cumsum_without_a_bound_is_refused():
+    """An int32 input may hold values whose partial sums pass 2^24: the machine's fp32 adds would round them."""
+    ids = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.cumsum\.default of an integer tensor .*2\^24"):
+        run(lambda t: t.cumsum(1), ids)
+
+
+def test_cumsum_stays_fp32_under_auto_cast():
+    """precision bf16 and fp8 narrow matmuls, but not the cumsum's: eager's cumsum of fp32 values is fp32."""
+    x = wide(4, 300, seed=2) + 1000
+    ref = x.cumsum(-1)
+    for precision in ("bf16", "fp8"):
+        got = run(lambda t: t.cumsum(-1), x, precision=precision)
+        assert bool(((got.double() - ref.double()).abs() <= cumsum_bound(x, ref, 1)).all())

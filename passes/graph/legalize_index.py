@@ -1,4 +1,4 @@
-"""legalize rules of arg-reductions (issue 16): argmax, argmin, max/min with their indices;
+"""legalize rules of arg-reductions and scans (issue 16): argmax, argmin, max/min with their indices, cumsum;
 built from the existing trnc ops (registered in passes/graph/legalize_table.py's `pm_legalize`).
 
 Arg-reductions: the machine has no index-tracking reduction, so an index is found by compare and select. Over
@@ -7,16 +7,28 @@ elements equal to m, or NaN (a NaN row's hits are its NaNs: NaN compares unequal
 selects its index from an iota constant and every other element the axis size, and the min of these is the
 first index of the extreme value: torch's answer, ties to the first, a NaN the extreme and its first index
 winning. Indices below 2^24 are exact in fp32, and the min of a select of exact values is exact.
+
+Scans: cumsum along the last axis is one matmul by an upper-triangular 0/1 constant U [n, n] (y[i] = sum over
+k <= i of x[k]), on TensorE, exact products and fp32 accumulation; another axis is permuted to the end and
+back. Eager's CPU kernel sums in float64 and rounds each output once; the machine sums in fp32, so the
+difference is its rounding: |y_i - eager_i| <= gamma(i) sum_{k<=i} |x_k| + u |eager_i|, gamma(i) =
+i u / (1 - i u), u = 2^-24 (Higham, Accuracy and Stability, 4.2: recursive summation in any order). A product
+by U's zeros is an exact zero but for an infinite or NaN x, where it is NaN; so floats sum their finite part
+by the matmul, count +inf and -inf (a NaN counting as both) by two more, and select inf, -inf or NaN where
+the counts say eager's sum got there. An integer cumsum is exact in fp32 while every partial sum stays within
+2^24: legalize takes it when a bound on |x| (a bool, 8-bit or compare-made value, a constant, an index) times
+the length proves that, and refuses others (the machine has no integer adder).
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import dim_of, rule
+from trnc.passes.graph.legalize_table import COMPARE_OPS, dim_of, rule
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -32,10 +44,11 @@ def _iota(rw: Rewriter, size: int, axis: int, rank: int) -> ir.Node:
     return rw.const(torch.arange(size, dtype=torch.float32).reshape(shape), FP32)
 
 
-def _to_int(rw: Rewriter, x: ir.Node, dtype: DType) -> ir.Node:
-    """x, whose values are integers within 2^24 by construction, converted to the integer `dtype`: exactly, so
-    the kernels take it (attr `integral`), where a float-to-int cast of other values rounds where torch truncates."""
-    return x if x.dtype is dtype else rw.emit("cast", (x,), x.shape, dtype, integral=True)
+def _to_int(rw: Rewriter, x: ir.Node, dtype: DType, bound: int) -> ir.Node:
+    """x, whose values are integers within +-bound <= 2^24 by construction, converted to the integer `dtype`:
+    exactly, so the kernels take it (attr `integral`), where a float-to-int cast of other values rounds where torch
+    truncates; `index_bound` tells later integer math the bound."""
+    return rw.emit("cast", (x,), x.shape, dtype, integral=True, index_bound=int(bound))
 
 
 def _arg_extreme(rw: Rewriter, x: ir.Node, axis: int, op: str, keepdim: bool, index_dtype: DType):
@@ -51,7 +64,7 @@ def _arg_extreme(rw: Rewriter, x: ir.Node, axis: int, op: str, keepdim: bool, in
     if size == 1:
         return m, rw.filled(0, shape, index_dtype)
     candidates = rw.where(hits, _iota(rw, size, axis, len(x.shape)), rw.scalar_const(float(size), FP32), FP32)
-    return m, _to_int(rw, rw.reduce(candidates, "min", (axis,), keepdim, FP32), index_dtype)
+    return m, _to_int(rw, rw.reduce(candidates, "min", (axis,), keepdim, FP32), index_dtype, size)
 
 
 def _flat(rw: Rewriter, x: ir.Node, dim) -> tuple[ir.Node, int]:
@@ -74,3 +87,88 @@ def _extreme_with_index(rw: Rewriter, n, a):
     (value_shape, value_dtype), (index_shape, index_dtype) = n.attrs["outputs"]
     m, index = _arg_extreme(rw, x, axis, n.op.split(".")[1], False, index_dtype)
     return [rw.reshape(rw.cast(m, value_dtype), value_shape), rw.reshape(index, index_shape)]
+
+
+# -- scans ----------------------------------------------------------------------------------------------------
+def _magnitude_bound(rw: Rewriter, x: ir.Node) -> float | None:
+    """An upper bound on |x| known at compile time, or None: an 8-bit or compare-made value, a constant, an index
+    legalize built (index_bound), or a cast of such a value."""
+    while True:
+        if x.dtype in (DType.UINT8, DType.INT8):
+            return 255.0
+        if x.op in ("binary", "scalar") and x.attrs.get("op") in COMPARE_OPS:
+            return 1.0
+        if "index_bound" in x.attrs:
+            return float(x.attrs["index_bound"])
+        if x.op == "const":
+            return float(rw.torch_value(x, torch.float64).abs().max()) if x.numel else 0.0
+        if x.op == "cast" and not x.dtype.is_float and x.inputs[0].dtype.is_float:
+            return None   # a float converted to int saturates: no tighter bound than the int range
+        if x.op != "cast" and (x.op not in ir.OPS_MOVEMENT or len(x.inputs) != 1):
+            return None
+        x = x.inputs[0]
+
+
+def _triangle(rw: Rewriter, size: int) -> ir.Node:
+    """U [size, size] fp32, U[k, i] = 1 where k <= i: x @ U sums each row's prefixes. Built from two iotas, so fold
+    computes it at compile time unless it is much larger than they are (then an elementwise kernel does)."""
+    upper = rw.binary("le", _iota(rw, size, 0, 2), _iota(rw, size, 1, 2))
+    return rw.cast(upper, FP32)
+
+
+def _prefix_sums(rw: Rewriter, x: ir.Node, triangle: ir.Node) -> ir.Node:
+    """x [..., n] (fp32) @ U: a matmul kept in fp32 (precision and quantize leave `keep_fp32` matmuls alone)."""
+    rows = rw.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
+    summed = rw.emit("matmul", (rows, triangle), rows.shape, FP32, keep_fp32=True)
+    return rw.reshape(summed, x.shape)
+
+
+def _cumsum_float(rw: Rewriter, x: ir.Node, triangle: ir.Node) -> ir.Node:
+    """The prefix sums of fp32 x with eager's infinities and NaNs: the finite part by one matmul, and the counts of
+    +inf and -inf so far (a NaN counts as both, as inf - inf is NaN) by two."""
+    finite = rw.scalar(rw.unary(x, "abs", FP32), "lt", math.inf)
+    nan = rw.binary("ne", x, x)
+    counts = []
+    for infinity in (math.inf, -math.inf):
+        hit = rw.binary("or", rw.scalar(x, "eq", infinity), nan)
+        counts.append(rw.scalar(_prefix_sums(rw, rw.cast(hit, FP32), triangle), "gt", 0.5))
+    sums = _prefix_sums(rw, rw.where(finite, x, rw.scalar_const(0.0, FP32), FP32), triangle)
+    positive, negative = counts
+    special = rw.where(negative, rw.scalar_const(math.nan, FP32), rw.scalar_const(math.inf, FP32), FP32)
+    return rw.where(positive, special, rw.where(negative, rw.scalar_const(-math.inf, FP32), sums, FP32), FP32)
+
+
+def _last_axis_scan(rw: Rewriter, x: ir.Node, dim: int, build) -> ir.Node:
+    """build(x) over the last axis; another dim is swapped to the end and back (a swap is its own inverse)."""
+    rank = len(x.shape)
+    if dim == rank - 1:
+        return build(x)
+    swap = list(range(rank))
+    swap[dim], swap[-1] = rank - 1, dim
+    return rw.permute(build(rw.permute(x, swap)), swap)
+
+
+@rule("aten.cumsum.default")
+def _cumsum(rw: Rewriter, n, a):
+    x = a["input"]
+    if not x.shape:   # torch: the cumsum of a 0-d tensor is itself
+        return rw.cast(x, n.dtype)
+    dim = dim_of(a["dim"], len(x.shape))
+    size = x.shape[dim]
+    if x.dtype.is_float and not n.dtype.is_float:
+        rw.fail(f"of a float tensor to {n.dtype.text} is not supported: torch truncates toward zero, the machine "
+                "rounds to nearest")
+    if not n.dtype.is_float:
+        bound = _magnitude_bound(rw, x)
+        if bound is None or bound * size > EXACT_FP32:
+            known = "no bound on its values is known" if bound is None else f"|x| <= {bound:g} over {size} terms"
+            rw.fail(f"of an integer tensor is not supported here: the machine adds in fp32, exact while partial "
+                    f"sums stay within 2^24, and {known}; cast it to float32 (or to bool/int8) first")
+    if size == 1:
+        return rw.cast(x, n.dtype)
+    triangle = _triangle(rw, size)
+    if x.dtype.is_float:
+        summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _cumsum_float(rw, t, triangle))
+    else:
+        summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _prefix_sums(rw, t, triangle))
+    return rw.cast(summed, n.dtype) if n.dtype.is_float else _to_int(rw, summed, n.dtype, bound * size)

@@ -8,7 +8,7 @@ narrows), and the model's inputs and outputs keep their dtypes, as do nodes mark
 partial sums of a matmul legalize writes as outer products, which TensorE would keep in PSUM, and the
 fp32 intermediates of ops legalize decomposes, which torch never rounds); fp8 values (the quantize pass's, a
 model's own casts) keep their type, and a matmul of fp8 operands computes in it. A matmul whose nn.Module
-keep_precision names keeps that dtype, and its constant operands are not narrowed.
+keep_precision names keeps that dtype, and its constant operands are not narrowed; so does a `keep_fp32` matmul.
 trnc/options.py checks the values.
 """
 from __future__ import annotations
@@ -35,6 +35,8 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda mod
             first.inputs[0].dtype if k.kind in CONTRACT_KINDS else None)
         if k.kind in CONTRACT_KINDS and not quantized and kept(first.module) is not None:
             k.compute_dtype = kept(first.module)
+        elif first.attrs.get("keep_fp32"):   # a sum legalize writes as a matmul (cumsum): eager's is not narrowed
+            k.compute_dtype = first.inputs[0].dtype
         elif k.kind in CONTRACT_KINDS:
             contract_operands.update(first.inputs[:3])
     stats = {"consts_narrowed": 0, "values_narrowed": 0}

@@ -118,7 +118,8 @@ def mx_matmul(mm: ir.Node, elem: DType, mode: ScaleMode) -> list[ir.Node] | None
 
 
 def quantize(graph: ir.Graph, fp8: DType, example_inputs, kept=lambda module: None) -> dict:
-    """Rewrite every weight's matmul of `graph` to fp8, but those `kept` (Options.kept_dtype) names a dtype for;
+    """Rewrite every weight's matmul of `graph` to fp8, but those `kept` (Options.kept_dtype) names a dtype for and
+    `keep_fp32` ones (a sum legalize writes as a matmul by a 0/1 constant);
     example_inputs: the graph's inputs for static scales, or None for dynamic ones."""
     values = evaluate_graph(graph, list(example_inputs)) if example_inputs is not None else None
     q = _Quantizer(graph, fp8, values)
@@ -126,7 +127,7 @@ def quantize(graph: ir.Graph, fp8: DType, example_inputs, kept=lambda module: No
     nodes: list[ir.Node] = []
     for n in graph.nodes:
         n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
-        result = q.matmul(n) if n.op == "matmul" and kept(n.module) is None else None
+        result = q.matmul(n) if n.op == "matmul" and kept(n.module) is None and not n.attrs.get("keep_fp32") else None
         if result is None:
             nodes.append(n)
             continue
@@ -149,7 +150,8 @@ def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode, kept=lamb
     nodes: list[ir.Node] = []
     for n in graph.nodes:
         n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
-        new = mx_matmul(n, elem, mode) if n.op == "matmul" and kept(n.module) is None else None
+        new = mx_matmul(n, elem, mode) if n.op == "matmul" and kept(n.module) is None and not n.attrs.get("keep_fp32") \
+            else None
         if new is None:
             nodes.append(n)
             continue
