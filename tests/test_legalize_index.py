@@ -183,3 +183,40 @@ def test_cumsum_stays_fp32_under_auto_cast():
     for precision in ("bf16", "fp8"):
         got = run(lambda t: t.cumsum(-1), x, precision=precision)
         assert bool(((got.double() - ref.double()).abs() <= cumsum_bound(x, ref, 1)).all())
+
+
+# -- cummax, cummin, cumprod -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+def test_cummax_and_cummin_match_eager_exactly(size):
+    """Ties go to the later index (torch compares with >= and <=), a NaN once seen is the value and the latest
+    NaN its index, infinities and all-equal rows as eager."""
+    x = tricky(8, size, seed=size + 1)
+    fn = lambda t: (torch.cummax(t, -1), torch.cummin(t, 1), torch.cummax(t, 0))  # noqa: E731
+    assert_same(run(fn, x), fn(x))
+
+
+def test_cummax_of_integers_and_of_a_middle_axis():
+    g = torch.Generator().manual_seed(4)
+    i = torch.randint(-4, 4, (3, 130, 2), generator=g, dtype=torch.int32)
+    fn = lambda t: (torch.cummin(t, 1), torch.cummax(t, -2))  # noqa: E731
+    assert_same(run(fn, i), fn(i))
+
+
+@pytest.mark.parametrize("size", (1, 128, 129, 513))
+def test_cumprod_within_its_rounding_bound(size):
+    """Output i is a product of i + 1 terms: i fp32 multiplications in a tree order, each off by at most u
+    relative, so within gamma(i) of the exact product, which eager rounds once (u)."""
+    g = torch.Generator().manual_seed(size)
+    x = torch.empty(6, size).uniform_(0.8, 1.25, generator=g) * torch.where(torch.rand(6, size, generator=g) < 0.5,
+                                                                             -1.0, 1.0)
+    ref = x.cumprod(1)
+    got = run(lambda t: t.cumprod(-1), x)
+    i = torch.arange(size, dtype=torch.float64)
+    gamma = i * U / (1 - i * U)
+    assert bool(((got.double() - ref.double()).abs() <= (gamma * (1 + U) + U) * ref.double().abs()).all())
+
+
+def test_cumprod_keeps_eager_zeros_infinities_and_nans():
+    x = torch.tensor([[2.0, 0.0, math.inf, 3.0], [math.inf, -2.0, 0.5, 0.0], [1.0, math.nan, 2.0, 0.0],
+                      [-0.0, 4.0, -1.0, 2.0]])
+    assert_same(run(lambda t: t.cumprod(1), x), x.cumprod(1))

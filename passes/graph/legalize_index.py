@@ -1,4 +1,5 @@
-"""legalize rules of arg-reductions and scans (issue 16): argmax, argmin, max/min with their indices, cumsum;
+"""legalize rules of arg-reductions and scans (issue 16): argmax, argmin, max/min with their indices, cumsum,
+cummax, cummin, cumprod;
 built from the existing trnc ops (registered in passes/graph/legalize_table.py's `pm_legalize`).
 
 Arg-reductions: the machine has no index-tracking reduction, so an index is found by compare and select. Over
@@ -18,6 +19,9 @@ by the matmul, count +inf and -inf (a NaN counting as both) by two more, and sel
 the counts say eager's sum got there. An integer cumsum is exact in fp32 while every partial sum stays within
 2^24: legalize takes it when a bound on |x| (a bool, 8-bit or compare-made value, a constant, an index) times
 the length proves that, and refuses others (the machine has no integer adder).
+
+cummax, cummin and cumprod are not linear: they scan in log2(n) steps (Hillis and Steele), each an elementwise
+combine of a slice with the slice s elements earlier and a cat, over (value, index) pairs for cummax and cummin.
 """
 from __future__ import annotations
 
@@ -172,3 +176,60 @@ def _cumsum(rw: Rewriter, n, a):
     else:
         summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _prefix_sums(rw, t, triangle))
     return rw.cast(summed, n.dtype) if n.dtype.is_float else _to_int(rw, summed, n.dtype, bound * size)
+
+
+def _log_step_scan(rw: Rewriter, xs: list[ir.Node], dim: int, combine) -> list[ir.Node]:
+    """The inclusive scan of tuples of tensors (xs, alike in shape) along `dim` by an associative `combine(earlier,
+    later)`, in log2(n) steps (Hillis and Steele): at step s, element i >= s combines its partial with element
+    i - s's, a slice and an elementwise pass, and the first s stay (one cat)."""
+    size = xs[0].shape[dim]
+    step = 1
+    while step < size:
+        earlier = [rw.slice(x, dim, 0, size - step) for x in xs]
+        later = [rw.slice(x, dim, step, size) for x in xs]
+        combined = combine(earlier, later)
+        xs = [rw.cat([rw.slice(x, dim, 0, step), c], dim, x.dtype) for x, c in zip(xs, combined)]
+        step *= 2
+    return xs
+
+
+@rule("aten.cummax.default", "aten.cummin.default")
+def _cummax(rw: Rewriter, n, a):
+    """Values and indices as torch's sequential loop gives them: a later element equal to the running extreme takes
+    over its index (torch compares with >=, <=), and a NaN, once seen, is the value, the latest NaN its index. That
+    update is associative on (value, index) pairs, so it scans in log steps."""
+    x = a["input"]
+    (value_shape, value_dtype), (index_shape, index_dtype) = n.attrs["outputs"]
+    if not x.shape:
+        return [rw.cast(x, value_dtype), rw.filled(0, index_shape, index_dtype)]
+    dim = dim_of(a["dim"], len(x.shape))
+    size = x.shape[dim]
+    if size > EXACT_FP32:
+        rw.fail(f"over an axis of {size} elements is not supported: indices above 2^24 are not exact in fp32")
+    order = "ge" if n.op == "aten.cummax.default" else "le"
+
+    def combine(earlier, later):
+        (v0, i0), (v1, i1) = earlier, later
+        takes_later = rw.binary(order, v1, v0)
+        if x.dtype.is_float:
+            takes_later = rw.binary("or", takes_later, rw.binary("ne", v1, v1))
+        return [rw.where(takes_later, v1, v0, x.dtype), rw.where(takes_later, i1, i0, FP32)]
+
+    index = rw.expand(_iota(rw, size, dim, len(x.shape)), x.shape)
+    values, indices = _log_step_scan(rw, [x, index], dim, combine)
+    return [rw.cast(values, value_dtype), _to_int(rw, indices, index_dtype, size)]
+
+
+@rule("aten.cumprod.default")
+def _cumprod(rw: Rewriter, n, a):
+    """Products in log steps, in fp32: output i is a product of its i + 1 terms in a tree order, within (1 + u)^i - 1
+    relative of the exact one where eager's float64 product rounds once (0 * inf is NaN in either order)."""
+    x = a["input"]
+    if not n.dtype.is_float:
+        rw.fail("of an integer tensor is not supported: the machine multiplies in fp32, which loses integers above "
+                "2^24; cast it to float32 first")
+    if not x.shape:
+        return rw.cast(x, n.dtype)
+    dim = dim_of(a["dim"], len(x.shape))
+    (product,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, lambda e, later: [rw.binary("mul", e[0], later[0], FP32)])
+    return rw.cast(product, n.dtype)
