@@ -220,3 +220,26 @@ def test_cumprod_keeps_eager_zeros_infinities_and_nans():
     x = torch.tensor([[2.0, 0.0, math.inf, 3.0], [math.inf, -2.0, 0.5, 0.0], [1.0, math.nan, 2.0, 0.0],
                       [-0.0, 4.0, -1.0, 2.0]])
     assert_same(run(lambda t: t.cumprod(1), x), x.cumprod(1))
+
+
+# Per combine of logcumsumexp, max(a, b) + log(1 + exp(min - max)) in fp32: the final add rounds (u |r|), and
+# log(1 + t) is off by u from rounding 1 + t plus log's and exp's own few ulp of values at most log 2 and 1 (with
+# min - max's rounding, under 8 u in all); the combine is 1-Lipschitz, so errors add along an output's chain of
+# ceil(log2 n) combines. The partials lie within [max x, max x + log n] of their terms.
+LOGCUMSUMEXP_ABS_ULPS = 8
+
+
+@pytest.mark.parametrize("size", (1, 128, 129, 513))
+def test_logcumsumexp_within_its_bound(size):
+    x = wide(4, size, seed=size + 5).clamp(-80, 80)
+    x[0, :size // 2] = -math.inf
+    if size > 3:
+        x[1, 3], x[2, 2] = math.inf, math.nan
+    ref = torch.logcumsumexp(x, 1)
+    got = run(lambda t: torch.logcumsumexp(t, -1), x)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got[ref.isinf()], ref[ref.isinf()])
+    finite = ref.isfinite()
+    depth = max(1, math.ceil(math.log2(size)))
+    magnitude = x[x.isfinite()].abs().max() + math.log(size)
+    bound = depth * U * (magnitude + LOGCUMSUMEXP_ABS_ULPS)
+    assert float((got - ref)[finite].abs().max()) <= bound

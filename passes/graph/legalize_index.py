@@ -1,5 +1,5 @@
 """legalize rules of arg-reductions and scans (issue 16): argmax, argmin, max/min with their indices, cumsum,
-cummax, cummin, cumprod;
+cummax, cummin, cumprod, logcumsumexp;
 built from the existing trnc ops (registered in passes/graph/legalize_table.py's `pm_legalize`).
 
 Arg-reductions: the machine has no index-tracking reduction, so an index is found by compare and select. Over
@@ -20,8 +20,9 @@ the counts say eager's sum got there. An integer cumsum is exact in fp32 while e
 2^24: legalize takes it when a bound on |x| (a bool, 8-bit or compare-made value, a constant, an index) times
 the length proves that, and refuses others (the machine has no integer adder).
 
-cummax, cummin and cumprod are not linear: they scan in log2(n) steps (Hillis and Steele), each an elementwise
-combine of a slice with the slice s elements earlier and a cat, over (value, index) pairs for cummax and cummin.
+cummax, cummin, cumprod and logcumsumexp are not linear: they scan in log2(n) steps (Hillis and Steele), each
+an elementwise combine of a slice with the slice s elements earlier and a cat, over (value, index) pairs for
+cummax and cummin.
 """
 from __future__ import annotations
 
@@ -233,3 +234,28 @@ def _cumprod(rw: Rewriter, n, a):
     dim = dim_of(a["dim"], len(x.shape))
     (product,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, lambda e, later: [rw.binary("mul", e[0], later[0], FP32)])
     return rw.cast(product, n.dtype)
+
+
+@rule("aten.logcumsumexp.default")
+def _logcumsumexp(rw: Rewriter, n, a):
+    """log(sum of exp) in log steps, each combine max(a, b) + log(1 + exp(min - max)) in fp32 (ties, infinities of
+    one sign included, take min - max as 0: -inf + log 2 is -inf; a NaN propagates through max). The combine is
+    1-Lipschitz in its operands, so each output is off by at most its chain's ceil(log2 n) roundings of a few ulp
+    of the partials' magnitude, where eager, summing in float64, rounds once."""
+    x = a["input"]
+    if not n.dtype.is_float:
+        rw.fail(f"to {n.dtype.text} is not supported: give a float dtype")
+    if not x.shape:
+        return rw.cast(x, n.dtype)
+    dim = dim_of(a["dim"], len(x.shape))
+
+    def combine(earlier, later):
+        (u,), (v,) = earlier, later
+        high, low = rw.binary("max", u, v, FP32), rw.binary("min", u, v, FP32)
+        gap = rw.where(rw.binary("eq", low, high), rw.scalar_const(0.0, FP32), rw.binary("sub", low, high, FP32),
+                       FP32)
+        tail = rw.unary(rw.scalar(rw.unary(gap, "exp", FP32), "add", 1.0, dtype=FP32), "log", FP32)
+        return [rw.binary("add", high, tail, FP32)]
+
+    (total,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, combine)
+    return rw.cast(total, n.dtype)
