@@ -41,6 +41,11 @@ class AluOp(TextEnum):
     AND = 14  # logical: (a != 0) and (b != 0) -> 1.0 / 0.0
     OR = 15
     XOR = 16
+    ATAN2 = 17      # atan2(a, b): the angle of the point (b, a)
+    FMOD = 18       # C's fmodf: a - trunc(a / b) b, exact
+    REMAINDER = 19  # torch.remainder: fmod(a, b), plus b where that is nonzero and of the other sign than b
+    HYPOT = 20
+    LOGADDEXP = 21  # log(e^a + e^b)
 
 
 COMPARISONS = frozenset({AluOp.EQ, AluOp.NE, AluOp.LT, AluOp.LE, AluOp.GT, AluOp.GE})
@@ -63,6 +68,27 @@ class ActFunc(TextEnum):
     RECIPROCAL = 11
     SQUARE = 12
     ABS = 13
+    SIN = 14
+    COS = 15
+    TAN = 16
+    ASIN = 17
+    ACOS = 18
+    ATAN = 19
+    SINH = 20
+    COSH = 21
+    ASINH = 22
+    ACOSH = 23
+    ATANH = 24
+    ERF = 25
+    ERFC = 26
+    EXP2 = 27
+    LOG2 = 28
+    LOG10 = 29
+    FLOOR = 30
+    CEIL = 31
+    TRUNC = 32
+    RINT = 33       # round to nearest integer, ties to even
+    SIGN = 34       # 1, -1, or +0 for +-0 and NaN
 
 
 class ReduceOp(TextEnum):

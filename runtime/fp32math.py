@@ -12,6 +12,8 @@ Lawson reweighting, i.e. near-minimax in the relative error of the final result)
 each table notes the approximation error of its rounded coefficients. Measured accuracy, over dense
 sweeps against float64 references (tests/runtime/test_fp32math.py asserts these bounds), is given in
 each function's docstring in ulps of the fp32 result (subnormal results: ulps of 2^-149).
+The circular functions are in runtime/fp32trig.py, the other transcendentals (erf, hyperbolic, exp2, log2,
+log10, hypot, logaddexp) in runtime/fp32special.py, the exact ones (rounding, sign, fmod) in runtime/fp32round.py.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
+from trnc.runtime import fp32round, fp32special, fp32trig
 from trnc.runtime.fp32pow import pow_
 from trnc.runtime.fp32util import (
     EXP_LO, EXP_POLY, INF, LN2_HI, LN2_LO, LOG2E, LOG_POLY, copysign, exp_parts, fabs, float_max, float_min, horner,
@@ -191,6 +194,27 @@ ACT_FUNCS: dict[ActFunc, Callable] = {
     ActFunc.RECIPROCAL: lambda o, x: o.div(o.f32(1), x),
     ActFunc.SQUARE: lambda o, x: o.mul(x, x),
     ActFunc.ABS: fabs,
+    ActFunc.SIN: fp32trig.sin,
+    ActFunc.COS: fp32trig.cos,
+    ActFunc.TAN: fp32trig.tan,
+    ActFunc.ASIN: fp32trig.asin,
+    ActFunc.ACOS: fp32trig.acos,
+    ActFunc.ATAN: fp32trig.atan,
+    ActFunc.SINH: fp32special.sinh,
+    ActFunc.COSH: fp32special.cosh,
+    ActFunc.ASINH: fp32special.asinh,
+    ActFunc.ACOSH: fp32special.acosh,
+    ActFunc.ATANH: fp32special.atanh,
+    ActFunc.ERF: fp32special.erf,
+    ActFunc.ERFC: fp32special.erfc,
+    ActFunc.EXP2: fp32special.exp2,
+    ActFunc.LOG2: fp32special.log2,
+    ActFunc.LOG10: fp32special.log10,
+    ActFunc.FLOOR: fp32round.floor,
+    ActFunc.CEIL: fp32round.ceil,
+    ActFunc.TRUNC: fp32round.trunc,
+    ActFunc.RINT: fp32round.rint,
+    ActFunc.SIGN: fp32round.sign,
 }
 
 ALU_OPS: dict[AluOp, Callable] = {
@@ -211,6 +235,11 @@ ALU_OPS: dict[AluOp, Callable] = {
     AluOp.AND: lambda o, a, b: _flag(o, o.and_(_nonzero(o, a), _nonzero(o, b))),
     AluOp.OR: lambda o, a, b: _flag(o, o.or_(_nonzero(o, a), _nonzero(o, b))),
     AluOp.XOR: lambda o, a, b: _flag(o, o.xor(_nonzero(o, a), _nonzero(o, b))),
+    AluOp.ATAN2: fp32trig.atan2,
+    AluOp.FMOD: fp32round.fmod,
+    AluOp.REMAINDER: fp32round.remainder,
+    AluOp.HYPOT: fp32special.hypot,
+    AluOp.LOGADDEXP: fp32special.logaddexp,
 }
 
 REDUCE_ALU = {ReduceOp.SUM: AluOp.ADD, ReduceOp.MAX: AluOp.MAX, ReduceOp.MIN: AluOp.MIN}

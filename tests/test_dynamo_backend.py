@@ -111,10 +111,10 @@ def test_unsupported_op_falls_back_to_eager_with_one_warning(caplog):
     assert report.device_partitions == 2 and report.fallback_nodes == 1 and report.text() == text
 
 
-class SinBlock(nn.Module):
-    """aten.sin has a rule for constants only: on an activation it raises UnsupportedOpError while its region
-    compiles. The sort before it makes two regions in the first round, the first one reused after the second
-    fails."""
+class FloorDivBlock(nn.Module):
+    """aten.div.Tensor_mode has a rule that refuses rounding_mode='floor': it raises UnsupportedOpError while its
+    region compiles. The sort before it makes two regions in the first round, the first one reused after the
+    second fails."""
 
     def __init__(self):
         super().__init__()
@@ -122,7 +122,7 @@ class SinBlock(nn.Module):
 
     def forward(self, x):
         h = torch.sort(self.fc1(x), dim=-1).values
-        return (self.fc2(h).exp().sin() * 3.0).tanh()
+        return (torch.div(self.fc2(h).exp(), 0.7, rounding_mode="floor") * 3.0).tanh()
 
 
 def test_an_op_its_rule_refuses_moves_to_eager_and_the_graph_is_partitioned_again(monkeypatch):
@@ -131,13 +131,14 @@ def test_an_op_its_rule_refuses_moves_to_eager_and_the_graph_is_partitioned_agai
     monkeypatch.setattr(trnc.api, "compile", lambda *a, **k: compiles.append(1) or real_compile(*a, **k))
     torch.manual_seed(6)
     x = torch.randn(4, 8)
-    got, ref = _run(SinBlock(), (x,))
+    got, ref = _run(FloorDivBlock(), (x,))
     assert _rel(got, ref) <= 1e-5
     report = backend.last_report()
-    assert [(f.op, f.count) for f in report.fallback] == [("aten.sort.default", 1), ("aten.sin.default", 1)]
+    assert [(f.op, f.count) for f in report.fallback] == [("aten.sort.default", 1), ("aten.div.Tensor_mode", 1)]
     assert "is not supported" in report.fallback[1].reason
-    assert report.fallback[1].sources[0].endswith("return (self.fc2(h).exp().sin() * 3.0).tanh()")
-    # regions: fc1 | fc2, exp | mul, tanh; the first compiled once, fc2..tanh failed once on sin
+    assert report.fallback[1].sources[0].endswith(
+        'return (torch.div(self.fc2(h).exp(), 0.7, rounding_mode="floor") * 3.0).tanh()')
+    # regions: fc1 | fc2, exp | mul, tanh; the first compiled once, fc2..tanh failed once on the division
     assert report.device_partitions == 3 and len(compiles) == 4
 
 

@@ -50,13 +50,18 @@ UNARY = {
     "copy": lambda x: x, "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "log": torch.log,
     "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "square": lambda x: x * x,
-    "abs": torch.abs, "neg": torch.neg,
+    "abs": torch.abs, "neg": torch.neg, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "asin": torch.asin,
+    "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "asinh": torch.asinh,
+    "acosh": torch.acosh, "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "exp2": torch.exp2,
+    "log2": torch.log2, "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc,
+    "rint": torch.round, "sign": torch.sign,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
     "min": torch.minimum, "pow": torch.pow, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
     "gt": torch.gt, "ge": torch.ge, "and": _logical(torch.logical_and), "or": _logical(torch.logical_or),
-    "xor": _logical(torch.logical_xor),
+    "xor": _logical(torch.logical_xor), "atan2": torch.atan2, "fmod": torch.fmod, "remainder": torch.remainder,
+    "hypot": torch.hypot, "logaddexp": torch.logaddexp,
 }
 REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 

@@ -21,6 +21,7 @@ from trnc.isa.dtypes import DType
 from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convolution, pooling, batch norm rules)
 from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-reduction and scan rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
+from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math function rules)
 from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
@@ -42,13 +43,6 @@ def _gelu(rw: Rewriter, n, a):
     if a["approximate"] not in ("none", "tanh"):
         rw.fail(f"with approximate={a['approximate']!r} is not supported; use 'none' or 'tanh'")
     return rw.unary(a["input"], "gelu" if a["approximate"] == "none" else "gelu_tanh")
-
-
-@rule("aten.sin.default", "aten.cos.default", "aten.tan.default", "aten.erf.default")
-def _constant_only(rw: Rewriter, n, a):
-    name = n.op.split(".")[1]
-    rw.fail(f"is not supported: {name} of a non-constant tensor (the machine has no {name}; on constants, "
-            "as for rotary tables, it is computed at compile time)")
 
 
 BOOL_ARITH = {"add": "or", "mul": "and"}   # what torch computes for + and * of bool tensors

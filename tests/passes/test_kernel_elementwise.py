@@ -77,15 +77,21 @@ TORCH_UNARY = {
     "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"), "silu": torch.nn.functional.silu,
     "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "square": torch.square, "abs": torch.abs,
-    "neg": torch.neg,
+    "neg": torch.neg, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "asin": torch.asin, "acos": torch.acos,
+    "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "asinh": torch.asinh, "acosh": torch.acosh,
+    "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "exp2": torch.exp2, "log2": torch.log2,
+    "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
+    "sign": torch.sign,
 }
+DOMAIN = {"log": np.abs, "sqrt": np.abs, "rsqrt": np.abs, "log2": np.abs, "log10": np.abs,   # then + 0.01
+          "acosh": lambda v: np.abs(v) + 0.99, "asin": np.tanh, "acos": np.tanh, "atanh": np.tanh}
 
 
 @pytest.mark.parametrize("func", sorted(ir.UNARY_FUNCS))
 def test_every_unary_function(func):
     xs = randn(3, 5, 7) * 3
-    if func in ("log", "sqrt", "rsqrt"):
-        xs = np.abs(xs) + 0.01
+    if func in DOMAIN:
+        xs = (DOMAIN[func](xs) + 0.01).astype(np.float32)
     # a second node after the function, so the function is not the output write alone
     x = harness.inp(0, xs.shape, F32)
     f = unary(x, func)
@@ -97,6 +103,8 @@ TORCH_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
     "min": torch.minimum, "pow": torch.pow, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le,
     "gt": torch.gt, "ge": torch.ge, "and": torch.logical_and, "or": torch.logical_or, "xor": torch.logical_xor,
+    "atan2": torch.atan2, "fmod": torch.fmod, "remainder": torch.remainder, "hypot": torch.hypot,
+    "logaddexp": torch.logaddexp,
 }
 
 

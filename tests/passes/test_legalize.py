@@ -411,8 +411,9 @@ def test_unsupported_op_names_aten_op_and_the_line():
     assert f"test_legalize.py:{line}: return torch.sort(a).values + 1" in message
 
 
-def test_sin_of_a_non_constant_tensor_is_refused():
-    _raises(Fn(lambda a: a.sin()), (x(3),), r"aten\.sin\.default is not supported: sin of a non-constant tensor")
+def test_sin_of_a_tensor_is_scalar_engine_sin():
+    graph, _, _ = front_end(Fn(lambda a: a.sin()), (x(3),))
+    assert [(n.op, n.attrs.get("func")) for n in graph.nodes if n.op == "unary"] == [("unary", "sin")]
 
 
 def test_sdpa_with_dropout_is_refused():

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
 from trnc.runtime.fp32math import ACTIVATIONS, ALU, REDUCE
@@ -61,7 +62,32 @@ SWEEPS = {
     ActFunc.SIGMOID: (sigmoid64, lambda: np.concatenate([lin(-104, 30), pow2s(-149, 7)]), 2.5),
     ActFunc.SILU: (lambda x: x * sigmoid64(x), lambda: np.concatenate([lin(-110, 30), pow2s(-149, 7)]), 3.0),
     ActFunc.GELU: (lambda x: x * phi(x), lambda: np.concatenate([lin(-15, 15), pow2s(-149, 4)]), 3.0),
+    # runtime/fp32trig.py: sin, cos and tan over every binade (the argument reduction is exact), plus random bits
+    ActFunc.SIN: (np.sin, lambda: np.concatenate([lin(-10, 10), pow2s(-149, 127.99), random_bits(400_000)]), 0.8),
+    ActFunc.COS: (np.cos, lambda: np.concatenate([lin(-10, 10), pow2s(-149, 127.99), random_bits(400_000)]), 0.8),
+    ActFunc.TAN: (np.tan, lambda: np.concatenate([lin(-10, 10), pow2s(-149, 127.99), random_bits(400_000)]), 2.2),
+    ActFunc.ASIN: (np.arcsin, lambda: np.concatenate([lin(-1, 1), pow2s(-149, 0)]), 0.7),
+    ActFunc.ACOS: (np.arccos, lambda: np.concatenate([lin(-1, 1), pow2s(-149, 0)]), 1.0),
+    ActFunc.ATAN: (np.arctan, lambda: np.concatenate([lin(-5, 5), pow2s(-149, 127.99)]), 0.9),
+    # runtime/fp32special.py
+    ActFunc.SINH: (np.sinh, lambda: np.concatenate([lin(-90, 90), pow2s(-149, 7)]), 1.6),
+    ActFunc.COSH: (np.cosh, lambda: np.concatenate([lin(-90, 90), pow2s(-149, 7)]), 1.4),
+    ActFunc.ASINH: (np.arcsinh, lambda: np.concatenate([lin(-10, 10), pow2s(-149, 127.99)]), 1.9),
+    ActFunc.ACOSH: (np.arccosh, lambda: np.concatenate([lin(1, 10), pow2s(0, 127.99, signs=(1.0,))]), 2.1),
+    ActFunc.ATANH: (np.arctanh, lambda: np.concatenate([lin(-1, 1), pow2s(-149, 0)]), 1.9),
+    ActFunc.ERF: (lambda x: erf(x).astype(np.float64), lambda: np.concatenate([lin(-6, 6), pow2s(-149, 3)]), 1.3),
+    ActFunc.ERFC: (lambda x: erfc(x).astype(np.float64), lambda: np.concatenate([lin(-6, 11), pow2s(-149, 3.4)]),
+                   3.0),
+    ActFunc.EXP2: (np.exp2, lambda: np.concatenate([lin(-151, 129), pow2s(-149, 8)]), 1.0),
+    ActFunc.LOG2: (np.log2, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
+    ActFunc.LOG10: (np.log10, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
 }
+
+
+def random_bits(n: int) -> np.ndarray:
+    """n random fp32 bit patterns (seeded), the finite ones."""
+    x = np.random.default_rng(8).integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32).view(F)
+    return x[np.isfinite(x)]
 
 
 @pytest.mark.parametrize("func", list(SWEEPS), ids=lambda f: f.text)
@@ -70,7 +96,8 @@ def test_accuracy_sweep(func):
     x = inputs()
     got = ACTIVATIONS[func](x)
     assert got.dtype == np.float32 and got.shape == x.shape
-    err = ulps(got, ref_fn(x.astype(np.float64)))
+    with np.errstate(all="ignore"):
+        err = ulps(got, ref_fn(x.astype(np.float64)))
     i = int(np.argmax(err))
     assert err[i] <= bound, f"{func.text}: {err[i]:.3f} ulp at x={x[i]!r} (got {got[i]!r})"
 
@@ -137,7 +164,62 @@ SPECIALS = {   # x -> f(x), exact; -0.0 and +0.0 are distinct
     ActFunc.RSQRT: [(0.0, INF), (-0.0, -INF), (INF, 0.0), (-1.0, NAN), (4.0, 0.5)],
     ActFunc.RECIPROCAL: [(0.0, INF), (-0.0, -INF), (-INF, -0.0), (4.0, 0.25)],
     ActFunc.SQUARE: [(-0.0, 0.0), (-INF, INF), (1e-30, 0.0), (-3.0, 9.0)],
+    ActFunc.SIN: [(0.0, 0.0), (-0.0, -0.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-45, 1e-45), (-1e-20, -1e-20),
+                  (float(F(math.pi)), -8.742278e-08), (3e38, 0.8749049)],
+    ActFunc.COS: [(0.0, 1.0), (-0.0, 1.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-45, 1.0), (1e-20, 1.0),
+                  (3e38, -0.48429477), (1e22, 0.67906135)],
+    ActFunc.TAN: [(0.0, 0.0), (-0.0, -0.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-45, 1e-45), (-1e-20, -1e-20)],
+    ActFunc.ASIN: [(0.0, 0.0), (-0.0, -0.0), (1.0, 1.5707964), (-1.0, -1.5707964), (1.0000001, NAN), (INF, NAN),
+                   (NAN, NAN), (1e-45, 1e-45)],
+    ActFunc.ACOS: [(1.0, 0.0), (-1.0, 3.1415927), (0.0, 1.5707964), (-0.0, 1.5707964), (2.0, NAN), (-INF, NAN),
+                   (NAN, NAN)],
+    ActFunc.ATAN: [(0.0, 0.0), (-0.0, -0.0), (INF, 1.5707964), (-INF, -1.5707964), (NAN, NAN), (1e-45, 1e-45),
+                   (1.0, 0.7853982), (3e38, 1.5707964)],
+    ActFunc.SINH: [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (1e-45, 1e-45), (90.0, INF),
+                   (-90.0, -INF)],
+    ActFunc.COSH: [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, INF), (NAN, NAN), (1e-45, 1.0), (90.0, INF),
+                   (-90.0, INF)],
+    ActFunc.ASINH: [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (1e-45, 1e-45), (3e38, 89.28999),
+                    (-3e38, -89.28999)],
+    ActFunc.ACOSH: [(1.0, 0.0), (0.5, NAN), (-1.0, NAN), (INF, INF), (-INF, NAN), (NAN, NAN), (3e38, 89.28999)],
+    ActFunc.ATANH: [(0.0, 0.0), (-0.0, -0.0), (1.0, INF), (-1.0, -INF), (1.5, NAN), (INF, NAN), (NAN, NAN),
+                    (1e-45, 1e-45)],
+    ActFunc.ERF: [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (1e-45, 1e-45), (4.0, 1.0),
+                  (-4.0, -1.0)],
+    ActFunc.ERFC: [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, 2.0), (NAN, NAN), (10.0, 1e-45), (11.0, 0.0),
+                   (-11.0, 2.0)],
+    ActFunc.EXP2: [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, 0.0), (NAN, NAN), (128.0, INF), (-149.0, 1e-45),
+                   (-150.0, 0.0), (10.0, 1024.0), (0.5, 1.4142135)],
+    ActFunc.LOG2: [(0.0, -INF), (-0.0, -INF), (INF, INF), (-INF, NAN), (-1.0, NAN), (NAN, NAN), (1.0, 0.0),
+                   (1024.0, 10.0), (1e-45, -149.0)],
+    ActFunc.LOG10: [(0.0, -INF), (-0.0, -INF), (INF, INF), (-INF, NAN), (-1.0, NAN), (NAN, NAN), (1.0, 0.0),
+                    (10.0, 1.0), (1000.0, 3.0)],
+    # runtime/fp32round.py: exact, ties to even, the sign of x kept on zero results
+    ActFunc.FLOOR: [(-0.5, -1.0), (0.5, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (-1e-45, -1.0),
+                    (2.5, 2.0), (8388609.0, 8388609.0), (-8388607.5, -8388608.0)],
+    ActFunc.CEIL: [(-0.5, -0.0), (0.5, 1.0), (-0.0, -0.0), (-INF, -INF), (NAN, NAN), (1e-45, 1.0), (-2.5, -2.0),
+                   (8388607.5, 8388608.0)],
+    ActFunc.TRUNC: [(-0.5, -0.0), (0.5, 0.0), (-2.7, -2.0), (2.7, 2.0), (INF, INF), (-INF, -INF), (NAN, NAN),
+                    (-8388607.5, -8388607.0)],
+    ActFunc.RINT: [(0.5, 0.0), (-0.5, -0.0), (1.5, 2.0), (2.5, 2.0), (-2.5, -2.0), (0.49999997, 0.0),
+                   (8388607.5, 8388608.0), (INF, INF), (NAN, NAN)],
+    ActFunc.SIGN: [(0.0, 0.0), (-0.0, 0.0), (NAN, 0.0), (INF, 1.0), (-INF, -1.0), (1e-45, 1.0), (-1e-45, -1.0)],
 }
+
+
+@pytest.mark.parametrize("func", [ActFunc.FLOOR, ActFunc.CEIL, ActFunc.TRUNC, ActFunc.RINT, ActFunc.SIGN],
+                         ids=lambda f: f.text)
+def test_rounding_and_sign_are_torchs_bit_for_bit(func):
+    """Exact functions: the same bits as torch (floor, ceil, trunc, round, sign) on random patterns and halves."""
+    rng = np.random.default_rng(9)
+    x = np.concatenate([rng.integers(0, 2 ** 32, 300_000, dtype=np.uint64).astype(np.uint32).view(F),
+                        (np.arange(-4000, 4000) / 4).astype(F), rng.uniform(-2 ** 24, 2 ** 24, 10_000).astype(F)])
+    fn = {ActFunc.FLOOR: torch.floor, ActFunc.CEIL: torch.ceil, ActFunc.TRUNC: torch.trunc,
+          ActFunc.RINT: torch.round, ActFunc.SIGN: torch.sign}[func]
+    want = fn(torch.from_numpy(x)).numpy()
+    got = ACTIVATIONS[func](x)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), list(zip(x[~same][:5], got[~same][:5], want[~same][:5]))
 
 
 def test_every_enum_member_is_implemented():
@@ -158,7 +240,7 @@ def test_special_values(func):
 def test_nan_inputs_keep_their_bits_through_activations():
     x = np.array([0x7FC00001, 0xFFC12345], np.uint32).view(F)
     for func in ActFunc:
-        if func not in (ActFunc.ABS,):
+        if func not in (ActFunc.ABS, ActFunc.SIGN):   # sign(NaN) = 0, as torch
             assert np.isnan(ACTIVATIONS[func](x)).all(), func
     assert ACTIVATIONS[ActFunc.ABS](x).view(np.uint32).tolist() == [0x7FC00001, 0x7FC12345]
 
@@ -255,3 +337,72 @@ def test_any_shape_gives_the_same_values():
         flat = fn(x.ravel(), y.ravel())
         assert np.array_equal(fn(x, y).view(np.uint32).ravel(), flat.view(np.uint32)), op
         assert fn(x[0, 2], y[0, 2]).view(np.uint32) == flat.view(np.uint32)[2], op
+
+
+# ---- ALU: atan2, hypot, logaddexp (float64 references), fmod and remainder (exact) ------------------------------
+
+def _alu_operands(seed: int):
+    """Random bit patterns, moderate values, and every pair of special operands (seeded)."""
+    rng = np.random.default_rng(seed)
+    special = np.array([0.0, -0.0, INF, -INF, NAN, 1e-45, -1e-45, 0.5, -1.5, 3e38, -3e38, 1.0, -1.0, 100.0, 1e-30], F)
+    bits = [rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32).view(F) for _ in range(2)]
+    mid = [rng.uniform(-10, 10, 200_000).astype(F) for _ in range(2)]
+    return (np.concatenate([bits[0], mid[0], np.repeat(special, special.size)]),
+            np.concatenate([bits[1], mid[1], np.tile(special, special.size)]))
+
+
+@pytest.mark.parametrize("op, ref, bound", [(AluOp.ATAN2, np.arctan2, 1.5), (AluOp.HYPOT, np.hypot, 1.2)],
+                         ids=["atan2", "hypot"])
+def test_atan2_and_hypot_accuracy_and_specials(op, ref, bound):
+    """Measured: atan2 1.45 ulp, hypot 1.16 ulp; NaN, infinities and signed zeros as C99 (numpy's float64)."""
+    a, b = _alu_operands(10)
+    got = ALU[op](a, b)
+    with np.errstate(all="ignore"):
+        want = ref(a.astype(np.float64), b.astype(np.float64))
+    assert (np.isnan(got) == np.isnan(want)).all()
+    fin = np.isfinite(want)
+    assert (got[~fin & ~np.isnan(want)] == want[~fin & ~np.isnan(want)]).all()
+    with np.errstate(all="ignore"):
+        err = ulps(got[fin], want[fin])
+    i = int(np.argmax(err))
+    assert err[i] <= bound, f"{op.text}: {err[i]:.3f} ulp at {a[fin][i]!r}, {b[fin][i]!r}"
+    zeros = want == 0
+    assert (np.signbit(got[zeros]) == np.signbit(want[zeros])).all()
+
+
+def test_logaddexp_accuracy():
+    """max(a, b) + L, L = log1p(e^-|a - b|) in (0, ln 2] to 2 ulp of L: within 2.5 ulp of the result plus 2^-23 (2 ulp
+    of ln 2), which matters only where a + b cancels toward 0 (eager's formula has the same cancellation); a where
+    a = b = +-Inf."""
+    a, b = _alu_operands(11)
+    got = ALU[AluOp.LOGADDEXP](a, b)
+    with np.errstate(all="ignore"):
+        want = np.logaddexp(a.astype(np.float64), b.astype(np.float64))
+    assert (np.isnan(got) == np.isnan(want)).all()
+    fin = np.isfinite(want)
+    assert (got[~fin & ~np.isnan(want)] == want[~fin & ~np.isnan(want)]).all()
+    ulp = np.maximum(np.spacing(np.abs(want[fin]).astype(F)).astype(np.float64), 2.0 ** -149)
+    excess = (np.abs(got[fin] - want[fin]) - 2.0 ** -23) / ulp
+    assert excess.max() <= 2.5
+
+
+def test_fmod_is_exact_and_remainder_is_torchs_formula():
+    """fmod is C's fmodf bit for bit (numpy's float32 fmod); remainder is fmod plus b where the signs differ, one
+    rounding, as torch's kernel (whose vectorized fmod gives NaN where a / b overflows: there we differ)."""
+    a, b = _alu_operands(12)
+    got = ALU[AluOp.FMOD](a, b)
+    with np.errstate(all="ignore"):
+        want = np.fmod(a, b)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), list(zip(a[~same][:5], b[~same][:5], got[~same][:5], want[~same][:5]))
+    rem = ALU[AluOp.REMAINDER](a, b)
+    with np.errstate(all="ignore"):
+        fix = (want != 0) & ((b < 0) != (want < 0))
+        want_rem = np.where(fix, want + b, want).astype(F)
+    same = (rem.view(np.uint32) == want_rem.view(np.uint32)) | (np.isnan(rem) & np.isnan(want_rem))
+    assert same.all()
+    with np.errstate(all="ignore"):
+        ordinary = np.abs(a.astype(np.float64) / b) < 1e30
+    torch_rem = torch.remainder(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    same = (rem.view(np.uint32) == torch_rem.view(np.uint32)) | (np.isnan(rem) & np.isnan(torch_rem))
+    assert same[ordinary].all()

@@ -332,7 +332,20 @@ FLOAT64 = {
     ActFunc.SILU: (torch.nn.functional.silu, 2), ActFunc.SIGMOID: (torch.sigmoid, 2), ActFunc.TANH: (torch.tanh, 2),
     ActFunc.GELU: (torch.nn.functional.gelu, 3),
     ActFunc.GELU_TANH: (lambda x: torch.nn.functional.gelu(x, approximate="tanh"), 2),
+    ActFunc.SIN: (torch.sin, 0.8), ActFunc.COS: (torch.cos, 0.8), ActFunc.TAN: (torch.tan, 2.2),
+    ActFunc.ASIN: (torch.asin, 0.7), ActFunc.ACOS: (torch.acos, 1), ActFunc.ATAN: (torch.atan, 0.9),
+    ActFunc.SINH: (torch.sinh, 1.6), ActFunc.COSH: (torch.cosh, 1.4), ActFunc.ASINH: (torch.asinh, 1.9),
+    ActFunc.ACOSH: (torch.acosh, 2.1), ActFunc.ATANH: (torch.atanh, 1.9), ActFunc.ERF: (torch.erf, 1.3),
+    ActFunc.ERFC: (torch.erfc, 3), ActFunc.EXP2: (torch.exp2, 1), ActFunc.LOG2: (torch.log2, 0.8),
+    ActFunc.LOG10: (torch.log10, 0.8), ActFunc.FLOOR: (torch.floor, 0), ActFunc.CEIL: (torch.ceil, 0),
+    ActFunc.TRUNC: (torch.trunc, 0), ActFunc.RINT: (torch.round, 0), ActFunc.SIGN: (torch.sign, 0),
 }
+# inputs in each function's domain, from x in [-6, 6]
+DOMAIN = {ActFunc.LOG: lambda x: np.abs(x) + F(2.0**-10), ActFunc.SQRT: lambda x: np.abs(x) + F(2.0**-10),
+          ActFunc.RSQRT: lambda x: np.abs(x) + F(2.0**-10), ActFunc.LOG2: lambda x: np.abs(x) + F(2.0**-10),
+          ActFunc.LOG10: lambda x: np.abs(x) + F(2.0**-10), ActFunc.ACOSH: lambda x: np.abs(x) + F(1),
+          ActFunc.ASIN: lambda x: x * F(0.99 / 6), ActFunc.ACOS: lambda x: x * F(0.99 / 6),
+          ActFunc.ATANH: lambda x: x * F(0.99 / 6)}
 
 
 def gelu_tanh_conditioning(x):
@@ -347,8 +360,7 @@ def gelu_tanh_conditioning(x):
 def test_activation_matches_torch_float64_within_the_stated_ulps(func):
     fn, ulps = FLOAT64[func]
     x = np.linspace(-6, 6, 4096, dtype=F).reshape(128, 32)
-    if func in (ActFunc.LOG, ActFunc.SQRT, ActFunc.RSQRT):
-        x = np.abs(x) + F(2.0**-10)
+    x = DOMAIN.get(func, lambda v: v)(x).astype(F)
     src, dst = onchip(F32, (128, 32)), onchip(F32, (128, 32), offset=256)
     got = execute(Instruction.make("activation", Engine.ACT, dst=dst, src=src, func=func), [(src, x)]).read(dst)
     want = fn(torch.from_numpy(x.astype(np.float64))).numpy()
@@ -380,7 +392,13 @@ ALU_NUMPY = {
     AluOp.GT: np.greater, AluOp.GE: np.greater_equal,
     AluOp.AND: lambda a, b: (a != 0) & (b != 0), AluOp.OR: lambda a, b: (a != 0) | (b != 0),
     AluOp.XOR: lambda a, b: (a != 0) ^ (b != 0),
+    AluOp.FMOD: np.fmod,   # C's fmodf, exact
+    AluOp.REMAINDER: lambda a, b: np.where((np.fmod(a, b) != 0) & ((b < 0) != (np.fmod(a, b) < 0)),
+                                           np.fmod(a, b) + b, np.fmod(a, b)),
 }
+# fp32math's own algorithms, checked against float64 (tests/runtime/test_fp32math.py measures them densely)
+ALU_FLOAT64 = {AluOp.POW: (np.power, 4), AluOp.ATAN2: (np.arctan2, 1.5), AluOp.HYPOT: (np.hypot, 1.2),
+               AluOp.LOGADDEXP: (np.logaddexp, 4)}   # logaddexp: 2.5 ulp plus 2^-23, here results above 0.1
 
 
 def alu(op, a, b):
@@ -395,7 +413,7 @@ def alu_operands(rng, shape):
     return a
 
 
-@pytest.mark.parametrize("op", [op for op in AluOp if op is not AluOp.POW], ids=lambda o: o.text)
+@pytest.mark.parametrize("op", [op for op in AluOp if op in ALU_NUMPY], ids=lambda o: o.text)
 def test_tensor_tensor_alu_ops(op):
     rng = np.random.default_rng(40)
     a, b = alu_operands(rng, (8, 48)), alu_operands(rng, (8, 48))
@@ -407,15 +425,17 @@ def test_tensor_tensor_alu_ops(op):
         assert_same(m.read(dst), alu(op, a, b), F32)
 
 
-def test_tensor_tensor_pow_matches_float64():
+@pytest.mark.parametrize("op", list(ALU_FLOAT64), ids=lambda o: o.text)
+def test_tensor_tensor_pow_atan2_hypot_logaddexp_match_float64(op):
     rng = np.random.default_rng(41)
     a = (rng.random((4, 64)) * 4 + 0.1).astype(F)
     b = (rng.random((4, 64)) * 6 - 3).astype(F)
     in0, in1, dst = onchip(F32, (4, 64)), onchip(F32, (4, 64), offset=256), onchip(F32, (4, 64), offset=512)
-    got = execute(Instruction.make("tensor_tensor", dst=dst, in0=in0, in1=in1, op=AluOp.POW),
+    got = execute(Instruction.make("tensor_tensor", dst=dst, in0=in0, in1=in1, op=op),
                   [(in0, a), (in1, b)]).read(dst)
-    want = a.astype(np.float64) ** b.astype(np.float64)
-    assert (np.abs(got - want) <= 4.5 * np.spacing(want.astype(F))).all()   # fp32math: 4 ulp on finite results
+    ref, ulps = ALU_FLOAT64[op]
+    want = ref(a.astype(np.float64), b.astype(np.float64))
+    assert (np.abs(got - want) <= (ulps + 0.5) * np.spacing(np.abs(want).astype(F))).all()
 
 
 @pytest.mark.parametrize("in_dtype", VALUES, ids=lambda d: d.text)

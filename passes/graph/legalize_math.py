@@ -1,0 +1,151 @@
+"""legalize rules of the math functions of tensors (issue 16): each aten op is one machine function where the
+machine has it (ScalarE's sin ... sign, the ALU's atan2, fmod, remainder, hypot and logaddexp: runtime/fp32trig.py,
+fp32special.py and fp32round.py, whose measured ulp errors isa/SPEC.md states), and a few elementwise nodes
+otherwise: frac = x - trunc(x), round with decimals as torch's kernel (rint(x * 10^d) / 10^d in fp32), xlogy and
+nan_to_num by selects, isnan / isinf / isfinite by comparisons (which are IEEE: NaN compares unequal to itself).
+Intermediates are fp32 and only the result rounds to its dtype, as torch's kernels compute low-precision floats.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from trnc import ir
+from trnc.isa.dtypes import DType
+from trnc.passes.graph.legalize_table import pm_legalize, rule
+
+if TYPE_CHECKING:
+    from trnc.passes.graph.legalize import Rewriter
+
+FP32 = DType.FP32
+# aten name -> ScalarE function (isa ActFunc)
+FUNCS = {name: name for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                                 "atanh", "erf", "erfc", "exp2", "log2", "log10")}
+ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "fix": "trunc", "round": "rint"}
+SIGN = {"sign": "sign", "sgn": "sign"}
+# aten name -> ALU op (isa AluOp)
+BINARY = {"atan2": "atan2", "arctan2": "atan2", "fmod": "fmod", "remainder": "remainder", "hypot": "hypot",
+          "logaddexp": "logaddexp"}
+
+
+def _float_input(rw: Rewriter, n, name: str) -> None:
+    if not n.dtype.is_float:
+        rw.fail(f"with result dtype {n.dtype.text} is not supported (the machine computes {name} in fp32)")
+
+
+def _func(func: str):
+    def lower(rw: Rewriter, n, a):
+        _float_input(rw, n, func)
+        return rw.unary(a["input"], func)
+    return lower
+
+
+def _rounding(func: str):
+    def lower(rw: Rewriter, n, a):
+        if not rw.arg_dtypes[0].is_floating_point:   # integers are their own floor, ceil, trunc and round
+            return a["input"]
+        return rw.unary(a["input"], func)
+    return lower
+
+
+for _name, _f in FUNCS.items():
+    pm_legalize[f"aten.{_name}.default"] = _func(_f)
+for _name, _f in ROUNDING.items():
+    pm_legalize[f"aten.{_name}.default"] = _rounding(_f)
+for _name, _f in SIGN.items():
+    pm_legalize[f"aten.{_name}.default"] = _func(_f)
+
+
+def _binary(op: str):
+    def lower(rw: Rewriter, n, a):
+        _float_input(rw, n, op)
+        return rw.arith(op, a["input"], a["other"])
+    return lower
+
+
+for _name, _op in BINARY.items():
+    for _overload in ("default", "Tensor", "Scalar", "Scalar_Tensor"):
+        pm_legalize[f"aten.{_name}.{_overload}"] = _binary(_op)
+
+
+@rule("aten.round.decimals")
+def _round_decimals(rw: Rewriter, n, a):
+    """torch's kernel: rint(x * 10^d) / 10^d, or rint(x / 10^-d) * 10^-d for d < 0, with 10^|d| rounded to fp32."""
+    x, d = a["input"], int(a["decimals"])
+    _float_input(rw, n, "round")
+    if d == 0:
+        return rw.unary(x, "rint")
+    ten = float(np.float32(10.0 ** abs(d)))
+    if ten == float("inf"):
+        rw.fail(f"with decimals={d} is not supported (10^{abs(d)} overflows fp32)")
+    first, last = ("mul", "div") if d > 0 else ("div", "mul")
+    return rw.scalar(rw.unary(rw.scalar(x, first, ten, dtype=FP32), "rint", FP32), last, ten)
+
+
+@rule("aten.frac.default")
+def _frac(rw: Rewriter, n, a):
+    """x - trunc(x) (torch's formula: NaN for infinite x)."""
+    _float_input(rw, n, "frac")
+    x = a["input"]
+    return rw.binary("sub", x, rw.unary(x, "trunc", FP32))
+
+
+@rule("aten.isnan.default")
+def _isnan(rw: Rewriter, n, a):
+    x = a["input"]
+    if not rw.arg_dtypes[0].is_floating_point:
+        return rw.filled(0, n.shape, n.dtype)
+    return rw.binary("ne", x, x)
+
+
+def _finite_max(rw: Rewriter) -> float:
+    return float(torch.finfo(rw.arg_dtypes[0]).max)
+
+
+@rule("aten.isinf.default")
+def _isinf(rw: Rewriter, n, a):
+    """|x| > the dtype's largest finite value."""
+    if not rw.arg_dtypes[0].is_floating_point:
+        return rw.filled(0, n.shape, n.dtype)
+    return rw.scalar(rw.unary(a["input"], "abs", FP32), "gt", _finite_max(rw))
+
+
+@rule("aten.isfinite.default")
+def _isfinite(rw: Rewriter, n, a):
+    """|x| <= the dtype's largest finite value (false for NaN)."""
+    if not rw.arg_dtypes[0].is_floating_point:
+        return rw.filled(1, n.shape, n.dtype)
+    return rw.scalar(rw.unary(a["input"], "abs", FP32), "le", _finite_max(rw))
+
+
+@rule("aten.nan_to_num.default")
+def _nan_to_num(rw: Rewriter, n, a):
+    """NaN -> nan, +Inf -> posinf, -Inf -> neginf (defaults: 0 and the dtype's extremes), by three selects."""
+    x = a["input"]
+    if not rw.arg_dtypes[0].is_floating_point:
+        return x
+    big = _finite_max(rw)
+    nan = 0.0 if a["nan"] is None else a["nan"]
+    posinf = big if a["posinf"] is None else a["posinf"]
+    neginf = -big if a["neginf"] is None else a["neginf"]
+    y = rw.where(rw.binary("ne", x, x), rw.filled(nan, x.shape, n.dtype), x)
+    y = rw.where(rw.scalar(x, "gt", big), rw.filled(posinf, x.shape, n.dtype), y)
+    return rw.where(rw.scalar(x, "lt", -big), rw.filled(neginf, x.shape, n.dtype), y)
+
+
+@rule("aten.xlogy.Tensor", "aten.xlogy.Scalar_Self", "aten.xlogy.Scalar_Other")
+def _xlogy(rw: Rewriter, n, a):
+    """x log(y) as torch's kernel: NaN where y is NaN, else 0 where x == 0, else x * log(y)."""
+    _float_input(rw, n, "xlogy")
+    x, y = a["input"], a["other"]
+    if not isinstance(y, ir.Node):
+        y = rw.scalar_const(float(y), FP32)
+    prod = rw.arith("mul", x, rw.unary(y, "log", FP32), FP32)
+    zero = rw.filled(0.0, prod.shape, FP32)
+    if isinstance(x, ir.Node):
+        prod = rw.where(rw.scalar(x, "eq", 0), zero, prod, FP32)
+    elif x == 0:
+        prod = zero
+    return rw.where(rw.binary("ne", y, y), y, prod)

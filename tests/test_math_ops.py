@@ -1,0 +1,139 @@
+"""The math functions of tensors (passes/graph/legalize_math.py) compiled end to end (trnc.compile, the JIT) against
+torch, over grids with the edge cases: +-0, +-Inf, NaN, subnormals, the ends of each domain, huge arguments of sin,
+cos and tan, and halves for the rounding functions.
+
+Tolerances: each function's measured error (runtime/fp32trig.py, fp32special.py, tests/runtime/test_fp32math.py)
+in ulps of the correctly rounded fp32 result, plus the half ulp between that and the float64 value: |got - exact|
+<= (ULPS + 0.5) ulp(exact), ulp of a subnormal 2^-149. The exact functions (rounding, sign, frac, the
+classifications, nan_to_num, fmod, remainder) must equal eager bit for bit, signed zeros included.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import trnc
+
+INF, NAN = math.inf, math.nan
+BIG = torch.finfo(torch.float32).max
+SPECIAL = [0.0, -0.0, INF, -INF, NAN, 1e-45, -1e-45, 1e-38, -1e-38, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5, 2.5, -2.5,
+           BIG, -BIG, 1e22, -1e22, 3e38, 8388607.5, -8388608.5, 0.49999997, 88.0, 90.0, -104.0, 11.0, -11.0]
+# function, its measured error in ulps
+UNARY = {
+    "sin": (torch.sin, 0.8), "cos": (torch.cos, 0.8), "tan": (torch.tan, 2.2),
+    "asin": (torch.asin, 0.7), "acos": (torch.acos, 1.0), "atan": (torch.atan, 0.9),
+    "sinh": (torch.sinh, 1.6), "cosh": (torch.cosh, 1.4), "asinh": (torch.asinh, 1.9),
+    "acosh": (torch.acosh, 2.1), "atanh": (torch.atanh, 1.9), "erf": (torch.erf, 1.3),
+    "erfc": (torch.erfc, 3.0), "exp2": (torch.exp2, 1.0), "log2": (torch.log2, 0.8),
+    "log10": (torch.log10, 0.8),
+}
+EXACT = {
+    "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "round": torch.round,
+    "round_2": lambda x: torch.round(x, decimals=2), "round_-2": lambda x: torch.round(x, decimals=-2),
+    "sign": torch.sign, "sgn": torch.sgn, "frac": torch.frac,
+    "isnan": torch.isnan, "isinf": torch.isinf, "isfinite": torch.isfinite,
+    "nan_to_num": torch.nan_to_num, "nan_to_num_values": lambda x: torch.nan_to_num(x, 1.0, 2.0, -3.0),
+}
+
+
+class Fn(nn.Module):
+    def __init__(self, fns):
+        super().__init__()
+        self.fns = fns
+
+    def forward(self, *xs):
+        return tuple(f(*xs) for f in self.fns)
+
+
+def compiled(fns, *xs):
+    return trnc.compile(Fn(fns).eval(), xs, cache=False)
+
+
+def values(seed: int) -> torch.Tensor:
+    """The special values, then magnitudes from 1e-40 to 1e38 of both signs and ordinary values in [-12, 12]."""
+    g = torch.Generator().manual_seed(seed)
+    mags = torch.exp(torch.empty(1500).uniform_(-92, 87.5, generator=g))
+    signs = torch.where(torch.rand(1500, generator=g) < 0.5, -1.0, 1.0)
+    return torch.cat([torch.tensor(SPECIAL), mags * signs, torch.empty(1500).uniform_(-12, 12, generator=g),
+                      torch.arange(-40, 41) / 4.0])
+
+
+def ulp_of(exact: torch.Tensor) -> torch.Tensor:
+    """ulp of the fp32 value nearest `exact` (float64), 2^-149 for subnormals."""
+    e = torch.floor(torch.log2(exact.abs().clamp(min=2.0 ** -126, max=BIG)))
+    return torch.exp2(e - 23)
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, x, name):
+    assert got.dtype == want.dtype and got.shape == want.shape, name
+    if got.dtype.is_floating_point:
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+    else:
+        same = got == want
+    assert same.all(), f"{name}: x={x[~same][:4].tolist()} got {got[~same][:4].tolist()} want {want[~same][:4].tolist()}"
+
+
+def check_ulps(name, g, eager, exact, x, ulps, absolute=0.0):
+    """NaN where eager has NaN, Inf where the exact value rounds to Inf, else within ulps (+ absolute) of exact,
+    and zeros signed as eager's."""
+    assert g.dtype == torch.float32 and g.shape == eager.shape, name
+    assert (g.isnan() == eager.isnan()).all(), f"{name}: NaN at x={x[g.isnan() != eager.isnan()][:4].tolist()}"
+    inf = exact.isinf() | (exact.abs() >= BIG + 2.0 ** 103)   # rounds to Inf in fp32
+    assert (g[inf] == exact[inf].float()).all(), name
+    fin = ~inf & ~exact.isnan()
+    err = ((g[fin].double() - exact[fin]).abs() - absolute) / ulp_of(exact[fin])
+    i = int(err.argmax())
+    assert err[i] <= ulps + 0.5, f"{name}: {float(err[i]):.2f} ulp at x={x[fin][i].item()!r}"
+    zero = fin & (exact == 0)
+    assert (g[zero].signbit() == eager[zero].signbit()).all(), f"{name}: sign of zero"
+
+
+def test_functions_within_their_stated_ulps_of_float64():
+    x = values(1601)
+    got = compiled([f for f, _ in UNARY.values()], x)(x)
+    for (name, (fn, ulps)), g in zip(UNARY.items(), got):
+        check_ulps(name, g, fn(x), fn(x.double()), x, ulps)
+
+
+def test_rounding_sign_and_classification_equal_eager_bit_for_bit():
+    x = values(1602)
+    got = compiled(list(EXACT.values()), x)(x)
+    for (name, fn), g in zip(EXACT.items(), got):
+        assert_bits_equal(g, fn(x), x, name)
+
+
+def test_binary_functions():
+    """fmod and remainder bit for bit (away from |a / b| > 1e30, where eager's vectorized fmod gives NaN and the
+    machine the exact fmodf); atan2 1.5 ulp, hypot 1.2, xlogy 1.5 (log's 1 plus the product's half),
+    logaddexp 2.5 plus 2^-23 absolute (log1p of a value in (0, 1] added to the larger operand)."""
+    g = torch.Generator().manual_seed(1603)
+    s = torch.tensor(SPECIAL)
+    a = torch.cat([s.repeat_interleave(len(SPECIAL)), torch.empty(4000).uniform_(-20, 20, generator=g)])
+    b = torch.cat([s.repeat(len(SPECIAL)), torch.empty(4000).uniform_(-6, 6, generator=g)])
+    fns = [torch.fmod, torch.remainder, torch.atan2, torch.hypot, torch.logaddexp, torch.xlogy,
+           lambda p, q: torch.remainder(p, 2.5), lambda p, q: torch.fmod(p, -1.5), lambda p, q: torch.xlogy(p, 3.0),
+           lambda p, q: torch.xlogy(0.0, q), lambda p, q: torch.atan2(p, q.abs())]
+    got = compiled(fns, a, b)(a, b)
+    ordinary = (a.double() / b.double()).abs() < 1e30
+    for name, i in (("fmod", 0), ("remainder", 1), ("remainder_scalar", 6), ("fmod_scalar", 7)):
+        want = fns[i](a, b)
+        assert_bits_equal(got[i][ordinary], want[ordinary], a[ordinary], name)
+    for name, i, ulps, absolute in (("atan2", 2, 1.5, 0), ("hypot", 3, 1.2, 0), ("logaddexp", 4, 2.5, 2.0 ** -23),
+                                    ("xlogy", 5, 1.5, 0), ("xlogy_scalar", 8, 1.5, 0), ("xlogy_zero", 9, 0, 0),
+                                    ("atan2_abs", 10, 1.5, 0)):
+        check_ulps(name, got[i], fns[i](a, b), fns[i](a.double(), b.double()), a, ulps, absolute)
+
+
+@pytest.mark.parametrize("fn", [torch.sin, torch.floor, torch.erf], ids=["sin", "floor", "erf"])
+def test_bf16_results_round_once(fn):
+    """bf16 in, bf16 out: computed in fp32 and rounded once, so within 2^-9 + 2^-22 of the float64 value relative
+    (bf16 subnormals: their spacing 2^-133). Not against eager: its bf16 erf flushes results below 1e-4 to 0."""
+    x = values(1604).to(torch.bfloat16)
+    got, = compiled([fn], x)(x)
+    exact = fn(x.double())
+    assert got.dtype == torch.bfloat16
+    assert (got.isnan() == exact.isnan()).all()
+    fin = exact.isfinite()
+    assert (got[~fin & ~exact.isnan()].double() == exact[~fin & ~exact.isnan()]).all()
+    assert ((got[fin].double() - exact[fin]).abs() <= exact[fin].abs() * 2.0 ** -8 + 2.0 ** -133).all()
