@@ -64,6 +64,40 @@ def test_a_weights_matmul_is_the_product_of_its_quantized_operands(fmt, scaling)
     assert got.dtype == torch.float32 and ((got.double() - exact).abs() <= bound).all()
 
 
+class WeightFirst(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x):
+        return self.weight @ x
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "static"])
+@pytest.mark.parametrize("left", [False, True])
+def test_the_matmul_quantizes_its_activation_as_it_loads_it(scaling, left):
+    """No fp8 copy of the activation in HBM: the matmul kernel multiplies and casts each k-tile it loads (the
+    weight on either side, a batch of activations, K and M off the 128 grid), with the product's bound of
+    the test above."""
+    torch.manual_seed(5)
+    if left:
+        w, a = torch.randn(72, 200) * 0.05, torch.randn(3, 200, 40)
+        model, exact_of = WeightFirst(w), lambda aq, wq: wq @ aq
+    else:
+        w, a = torch.randn(200, 72) * 0.05, torch.randn(3, 40, 200)
+        model, exact_of = MatMul(w), lambda aq, wq: aq @ wq
+    c = trnc.compile(model, (a,), precision="fp8", fp8_scaling=scaling, cache=False)
+    got = c(a)
+    (a_q, s_a), (w_q, s_w) = quantized(a, "e4m3"), quantized(w, "e4m3")
+    scale = s_a.double() * s_w.double()
+    exact = exact_of(a_q.double(), w_q.double()) / scale
+    magnitude = exact_of(a_q.double().abs(), w_q.double().abs()) / scale
+    assert ((got.double() - exact).abs() <= 200 * 2.0 ** -24 * magnitude + 4 * 2.0 ** -24 * exact.abs()).all()
+    assert c.stats["kernels"] == (1 if scaling == "static" else 3)     # dynamic: amax, its scale, the matmul
+    quantizing = [i for i in c.program.instructions if i.opcode == "tensor_scalar" and i["dst"].dtype.is_fp8]
+    assert quantizing and all(i["src"].mem is i["dst"].mem for i in quantizing)   # SBUF to SBUF
+
+
 @pytest.mark.parametrize("fmt, expected_db", [("e4m3", 28.6), ("e5m2", 22.6)])
 def test_a_gaussian_matmul_has_the_sqnr_of_its_format(fmt, expected_db):
     """256x4096x256 against float64: per-tensor e4m3 about 28.6 dB (the issue; precision.md: 31.5 dB per

@@ -51,3 +51,23 @@ def test_bad_rounding_options_are_refused():
         Options(rounding="up")
     with pytest.raises(TrncError, match="seed=-1 is not allowed"):
         Options(seed=-1)
+
+
+def test_a_matmuls_fp8_activation_rounds_stochastically():
+    """fp8's activation quantization (in the matmul kernel) rounds by the program's rule too: every fp8 write of
+    the activation is a stochastic tensor_copy, the same seed gives the same bits and another seed others."""
+    torch.manual_seed(2)
+    a, w = torch.randn(64, 256), torch.randn(256, 32) * 0.1
+
+    class MatMul(nn.Module):
+        def forward(self, x):
+            return x @ w
+
+    def compiled(seed):
+        return trnc.compile(MatMul(), (a,), cache=False, precision="fp8", fp8_scaling="static",
+                            rounding="stochastic", seed=seed)
+    c = compiled(3)
+    fp8_writes = [i for i in c.program.instructions if i.opcode in ("tensor_copy", "tensor_scalar")
+                  and i["dst"].dtype.is_fp8]
+    assert fp8_writes and all(i.opcode == "tensor_copy" and i["rounding"].name == "SR" for i in fp8_writes)
+    assert torch.equal(c(a), compiled(3)(a)) and not torch.equal(c(a), compiled(4)(a))

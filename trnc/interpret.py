@@ -110,7 +110,15 @@ def _layer_norm(n, x, *params):
     return F.layer_norm(_f32(x), (x.shape[-1],), weight, bias, n.attrs["eps"])
 
 
-def _matmul(n, a, b):
+def _matmul(n, a, b, scale=None):
+    """With attrs quantize (passes/graph/quantize.py): operand `operand` first becomes fp8(x * scale) in fp32,
+    its scale the attribute or the third input, as the kernel quantizes it while loading."""
+    q = n.attrs.get("quantize")
+    if q is not None:
+        operands = [a, b]
+        s = torch.tensor(q["scale"], dtype=torch.float32) if scale is None else _f32(scale)
+        operands[q["operand"]] = store(_f32(operands[q["operand"]]) * s, DType.from_text(q["dtype"]))
+        a, b = operands
     return torch.matmul(_f32(a), _f32(b))
 
 

@@ -262,7 +262,10 @@ def _check_node(n: Node, legalized: bool) -> str | None:
     if n.op in ("unary", "scalar", "cast", "softmax", "log_softmax", "copy") and ins[0] != n.shape:
         return f"shape {list(n.shape)} differs from its operand's {list(ins[0])}"
     if n.op == "matmul":
-        (sa, sb) = ins
+        (sa, sb), scale = ins[:2], ins[2:]
+        q = a.get("quantize")
+        if len(ins) != 2 + (q is not None and "scale" not in q) or (scale and scale[0] != ()):
+            return "matmul takes two operands, and a 0-d scale when it quantizes one at run time (attribute quantize)"
         if len(sa) < 2 or len(sb) < 2 or sa[-1] != sb[-2]:
             return f"matmul of {list(sa)} and {list(sb)}: contraction sizes differ"
         batch = _broadcast(sa[:-2], sb[:-2])

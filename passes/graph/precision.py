@@ -30,9 +30,10 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda mod
     for k in graph.kernels:
         first = k.nodes[0]
         # passes/graph/quantize.py: fp8 operands, or an MX matmul, whose kernel quantizes its input as it loads
-        quantized = k.kind in CONTRACT_KINDS and (first.inputs[0].dtype in MX_FORMATS or first.op == "matmul_mx")
+        quantized = k.kind in CONTRACT_KINDS and (first.inputs[0].dtype in MX_FORMATS or first.op == "matmul_mx"
+                                                  or "quantize" in first.attrs)
         k.compute_dtype = low if (narrow and k.kind in CONTRACT_KINDS and not quantized) else (
-            first.inputs[0].dtype if k.kind in CONTRACT_KINDS else None)
+            _operand_dtype(first) if k.kind in CONTRACT_KINDS else None)
         if k.kind in CONTRACT_KINDS and not quantized and kept(first.module) is not None:
             k.compute_dtype = kept(first.module)
         elif first.attrs.get("keep_fp32"):   # a sum legalize writes as a matmul (cumsum): eager's is not narrowed
@@ -65,6 +66,13 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda mod
             n.dtype = low
             stats["values_narrowed"] += 1
     return stats
+
+
+def _operand_dtype(first: ir.Node) -> DType:
+    """The dtype a contraction kernel's operands enter TensorE in: the one its matmul quantizes to, else its
+    first operand's."""
+    q = first.attrs.get("quantize")
+    return DType.from_text(q["dtype"]) if q is not None else first.inputs[0].dtype
 
 
 def _round_outer_product_operands(graph: ir.Graph, low: DType) -> None:

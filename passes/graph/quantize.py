@@ -8,10 +8,12 @@ saturating, or e5m2) and gives back fp32, as torchao's tensorwise float8 does (p
     y = (a_q @ w_q) / scale(a) * (1 / scale(w))
 
 The weight is quantized now, at compile time. The activation's scale is its amax computed on the device at run
-time (fp8_scaling="dynamic": a max reduction of |a|, a scalar; the multiply and the cast fuse into one pass
-that stores a_q in fp8, half a bf16 tensor's bytes), or fixed now from the example inputs ("static"), the
-IR interpreter computing the activation. The rescale is an epilogue of the matmul, applied to the fp32 sum as
-PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of two activations stay in bf16 (the
+time (fp8_scaling="dynamic": a max reduction of |a|, a scalar, the matmul's third input), or fixed now from the
+example inputs ("static", the matmul's attribute), the IR interpreter computing the activation. The matmul
+quantizes the activation itself (attrs quantize: its dtype, which operand, the static scale): its kernel
+multiplies and casts each k-tile as it loads (passes/tile/kernels/matmul.py), so a_q never goes through HBM
+and the quantization overlaps TensorE rather than running as a kernel before it. The rescale is an epilogue of
+the matmul, applied to the fp32 sum as PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of two activations stay in bf16 (the
 precision pass: auto_cast narrows them to bf16); so do the values auto_cast="all" narrows.
 
 MX: a matmul x @ w whose weight w [K, N] is a constant and K a multiple of 32 becomes one `matmul_mx` node (x,
@@ -66,36 +68,37 @@ class _Quantizer:
         scale = _scale(np.abs(value).max(initial=0.0), self.fp8)
         return _const(value * scale, self.fp8, w, f"{w.name}.fp8"), scale
 
-    def activation(self, a: ir.Node, mm: ir.Node) -> tuple[ir.Node, ir.Node | np.float32]:
-        """a_q and the scale: a 0-d node (dynamic) or a number (static)."""
+    def activation_scale(self, a: ir.Node, mm: ir.Node) -> ir.Node | np.float32:
+        """The activation's scale: a number (static) or a 0-d node computed on the device (dynamic)."""
         if self.values is not None:
-            scale = _scale(self.values[a].abs().max().item() if a.numel else 0.0, self.fp8)
-            scaled = self.node("scalar", (a,), a.shape, DType.FP32, mm, op="mul", value=float(scale),
-                               reverse=False)
-        else:
-            amax = self.node("reduce", (a,), (), DType.FP32, mm, op="max", axes=tuple(range(len(a.shape))),
-                             keepdim=False, abs=True)
-            floor = self.node("scalar", (amax,), (), DType.FP32, mm, op="max", value=AMAX_FLOOR, reverse=False)
-            scale = self.node("scalar", (floor,), (), DType.FP32, mm, op="div", value=self.fp8.value.max_finite,
-                              reverse=True)
-            scaled = self.node("binary", (a, scale), a.shape, DType.FP32, mm, op="mul")
-        return self.node("cast", (scaled,), a.shape, self.fp8, mm), scale
+            return _scale(self.values[a].abs().max().item() if a.numel else 0.0, self.fp8)
+        amax = self.node("reduce", (a,), (), DType.FP32, mm, op="max", axes=tuple(range(len(a.shape))),
+                         keepdim=False, abs=True)
+        floor = self.node("scalar", (amax,), (), DType.FP32, mm, op="max", value=AMAX_FLOOR, reverse=False)
+        return self.node("scalar", (floor,), (), DType.FP32, mm, op="div", value=self.fp8.value.max_finite,
+                         reverse=True)
 
     def matmul(self, mm: ir.Node) -> ir.Node | None:
-        """The fp8 form of `mm` (its result node), or None when it is not a weight's matmul."""
+        """The fp8 form of `mm` (its result node), or None when it is not a weight's matmul. The activation
+        stays as it is: the matmul quantizes it as its kernel loads it (attrs quantize), so a_q never goes
+        through HBM and the multiply and cast run while TensorE works on earlier k-tiles."""
         a, b = mm.inputs
         if not (a.dtype.is_float and b.dtype.is_float) or (a.op == "const") == (b.op == "const"):
             return None
         (act, weight), left = ((a, b), False) if b.op == "const" else ((b, a), True)
         w_q, w_scale = self.weight(weight)
-        a_q, a_scale = self.activation(act, mm)
-        operands = (w_q, a_q) if left else (a_q, w_q)
-        product = self.node("matmul", operands, mm.shape, DType.FP32, mm)
-        if isinstance(a_scale, ir.Node):   # both steps are the evacuation's: a per-partition divide, a multiply
+        a_scale = self.activation_scale(act, mm)
+        operands = (w_q, act) if left else (act, w_q)
+        quantize = {"dtype": self.fp8.text, "operand": int(left)}
+        if isinstance(a_scale, ir.Node):
+            product = self.node("matmul", (*operands, a_scale), mm.shape, DType.FP32, mm, quantize=quantize)
+            # both steps are the evacuation's: a per-partition divide, a multiply
             divided = self.node("binary", (product, a_scale), mm.shape, DType.FP32, mm, op="div")
             result = self.node("scalar", (divided,), mm.shape, DType.FP32, mm, op="mul", value=float(1 / w_scale),
                                reverse=False)
         else:
+            product = self.node("matmul", operands, mm.shape, DType.FP32, mm,
+                                quantize={**quantize, "scale": float(a_scale)})
             inverse = float(1 / (np.float64(a_scale) * np.float64(w_scale)))
             result = self.node("scalar", (product,), mm.shape, DType.FP32, mm, op="mul", value=inverse, reverse=False)
         return result if mm.dtype is DType.FP32 else self.node("cast", (result,), mm.shape, mm.dtype, mm)

@@ -28,15 +28,18 @@ def test_a_weights_matmul_gets_fp8_operands_and_a_rescale():
     assert quantize(graph, E4M3, None) == {"fp8_matmuls": 1}
     ir.verify(graph)
     matmuls = [n for n in graph.nodes if n.op == "matmul"]
-    fp8 = [m for m in matmuls if m.inputs[0].dtype is E4M3]
+    fp8 = [m for m in matmuls if "quantize" in m.attrs]
     assert len(matmuls) == 2 and len(fp8) == 1                       # the activations' matmul stays
-    act, weight = fp8[0].inputs
-    assert act.op == "cast" and weight.op == "const" and weight.dtype is E4M3
+    act, weight, a_scale = fp8[0].inputs
+    # the activation enters as it is, quantized by the matmul's kernel with the run-time scale
+    assert act.name == "x" and fp8[0].attrs["quantize"] == {"dtype": "fp8_e4m3", "operand": 0}
+    assert a_scale.shape == () and weight.op == "const" and weight.dtype is E4M3
     scale = np.float32(448.0 / np.abs(w.attrs["value"]).max())
     assert np.array_equal(tensor_of(weight.attrs["value"], E4M3).reshape(32, 16).float().numpy(),
                           torch.from_numpy(w.attrs["value"] * scale).to(torch.float8_e4m3fn).float().numpy())
     rescale = graph.outputs[0]       # the epilogue: / scale(a), * 1 / scale(w)
     assert rescale.op == "scalar" and rescale.inputs[0].op == "binary" and rescale.inputs[0].inputs[0] is fp8[0]
+    assert rescale.inputs[0].inputs[1] is a_scale
     (amax,) = [n for n in graph.nodes if n.op == "reduce"]     # the activation's amax, on the device
     assert amax.attrs["abs"] and amax.attrs["op"] == "max" and amax.inputs[0].name == "x"
 
@@ -45,9 +48,10 @@ def test_static_scales_come_from_the_example_inputs():
     graph, _ = _graph()
     x = torch.randn(8, 32) * 3
     quantize(graph, E4M3, [x, torch.randn(32, 4)])
-    assert not [n for n in graph.nodes if n.op == "reduce"]
-    cast = next(n for n in graph.nodes if n.op == "cast")
-    assert cast.inputs[0].op == "scalar" and np.isclose(cast.inputs[0].attrs["value"], 448.0 / x.abs().max().item())
+    ir.verify(graph)
+    assert not [n for n in graph.nodes if n.op in ("reduce", "cast")]
+    (mm,) = [n for n in graph.nodes if "quantize" in n.attrs]
+    assert len(mm.inputs) == 2 and np.isclose(mm.attrs["quantize"]["scale"], 448.0 / x.abs().max().item())
 
 
 def test_integer_and_activation_only_matmuls_are_left_alone():

@@ -38,6 +38,10 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   partitions, [128, M / 128, N] for a row-wise kernel, which reads its row tiles there (TileProgram.kept).
   The plan then has b resident in one panel, so each step completes whole rows (make_plan row_tiles).
 
+An operand the matmul quantizes (attrs quantize: the fp8 matmuls of passes/graph/quantize.py) loads in its own
+dtype and one tensor_scalar per chunk writes x * scale in fp8 (rounding as the program does), so the quantization
+overlaps TensorE's work on earlier k-tiles; the plan counts that side's loads at their own width.
+
 fp8 operands on a target with double-row matmuls go two whole k-tiles per matmul ([128, 2, X] operands: 256
 rows of K at the cost of 128) where both lie side by side in one buffer.
 
@@ -57,6 +61,7 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa import cost
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
 from trnc.isa.dtypes import MATMUL_DTYPES, DType
+from trnc.isa.enums import AluOp
 from trnc.passes.tile.kernels import engines
 from trnc.passes.tile.kernels.elementwise import Operand, emit_chain, immediate, load_operand
 from trnc.passes.tile.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
@@ -112,8 +117,13 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
     kept = sum(on_chip[v.tensor].buffer.nbytes for v in (gemm.a, gemm.b) if v.tensor in on_chip)
     if kernel_plan.keep:
         kept += gemm.n * gemm.m // PARTITIONS * gemm.out.dtype.itemsize
-    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kernel_plan.row_tiles, kept)
+    quantize = mm.attrs.get("quantize")
+    side = "ab"[quantize["operand"]] if quantize is not None else None
+    load_bytes = {side: gemm.kx(side).dtype.itemsize} if side else None
+    plan = make_plan(gemm, orientation, dtype.itemsize, kb.hw, kernel_plan.row_tiles, kept, load_bytes)
     emitter = _Emitter(kb, kernel, gemm, plan, dtype, kernel_plan.keep)
+    if side:
+        emitter.quantize_on_load(side, quantize["scale"] if len(mm.inputs) == 2 else views[mm.inputs[2]])
     emitter.run()
     return emitter.kept
 
@@ -182,7 +192,19 @@ class _Region:
         else:
             size = min(self.segment, e.k_tiles - self.kt)
             tile, first = e.kb.sbuf(e.name(self.side), e.dtype, min(PARTITIONS, e.gemm.k), (size, width)), 0
-        e.dma(tile.narrow(0, 0, rows).narrow(1, first, count), src, target)
+        dst = tile.narrow(0, 0, rows).narrow(1, first, count)
+        if self.side == e.quantized:        # loaded as it is, then x * scale rounded to the operand's fp8
+            stage = e.kb.sbuf(e.name("stage"), src.dtype, rows, (count, width))
+            e.dma(stage, src, target)
+            scale = e.scale if isinstance(e.scale, float) else e.scale.narrow(0, 0, rows)
+            stochastic = engines.stochastic(e.kb, dst.dtype)     # then the product rounds by engines.write
+            scaled = e.kb.sbuf(e.name("scaled"), DType.FP32, rows, (count, width)) if stochastic else dst
+            engines.emit(e.kb, "tensor_scalar", dst=scaled, src=stage, op0=AluOp.MUL,
+                         **({"scalar0": scale} if isinstance(scale, float) else {"scalar0_ap": scale}))
+            if stochastic:
+                engines.write(e.kb, dst, scaled)
+        else:
+            e.dma(dst, src, target)
         self.tiles += [(tile, first + j) for j in range(count)]
         self.kt += count
         return rows * count * width * e.load_itemsize[self.side]
@@ -293,6 +315,21 @@ class _Emitter:
         self.loads = {i: v for i, v in gemm.epilogue.items() if immediate(i) is None}
         self.operands: dict[tuple, list[Operand]] = {}
         self.kept = self.keep_on_chip() if keep else None
+        self.quantized: str | None = None       # the side quantize_on_load set, and its scale
+        self.scale: float | Tile | None = None
+
+    def quantize_on_load(self, side: str, scale: float | HbmView) -> None:
+        """Operand `side` (fp32 or bf16 in HBM) enters TensorE as fp8(x * scale): each chunk loads as it is and
+        one tensor_scalar writes it in the compute dtype (the fp8 matmul of passes/graph/quantize.py). A
+        run-time scale (a 0-d tensor) loads once, onto every partition, as the instruction's per-partition
+        scalar."""
+        self.quantized = side
+        self.load_itemsize[side] = self.kx[side].dtype.itemsize
+        if isinstance(scale, HbmView):
+            column = self.kb.sbuf(self.name("scale"), scale.dtype, PARTITIONS, (1,))
+            self.kb.dma(column, scale.expand((PARTITIONS, 1)).box_ap(0, ((0, PARTITIONS), (0, 1))))
+            scale = column
+        self.scale = scale
 
     def keep_on_chip(self) -> Tile | None:
         """The SBUF tile the result stays in for the next kernel, when every output tile lies within one
@@ -345,9 +382,14 @@ class _Emitter:
         self.kb.dma_split(dst, src, size)
         self.clocks.add_dmas(dma_nbytes(dst, src), len(self.kb.program.instrs) - start)
 
-    def pe_seconds(self, partitions: int, width: int) -> float:
+    def matmul_seconds(self, partitions: int, width: int) -> float:
         """TensorE time of one matmul into an output tile [partitions, width]."""
         return cost.matmul_seconds(partitions, width, self.dtype is DType.FP32, self.kb.hw)
+
+    def pe_seconds(self, partitions: int, width: int) -> float:
+        """TensorE time per k-tile into an output tile [partitions, width]: half a matmul's with double-row
+        matmuls, which take two k-tiles each."""
+        return self.matmul_seconds(partitions, width) / (2 if self.double_row else 1)
 
     def run(self) -> None:
         if self.plan.resident:
@@ -490,7 +532,7 @@ class _Emitter:
                 else:
                     self.kb.emit("matmul", dst=psum, stationary=s[0].at(kt, *s[1:]), moving=v[0].at(kt, *v[1:]),
                                  accumulate=kt > 0)
-                self.clocks.add_pe(self.pe_seconds(psum.partitions, psum.free_size))
+                self.clocks.add_pe(self.matmul_seconds(psum.partitions, psum.free_size))
             kt += 2 if double else 1
         for psum, dst, ops in zip(psums, dsts, operands()):
             if not self.epilogue:

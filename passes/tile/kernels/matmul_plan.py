@@ -95,7 +95,7 @@ def gemm_of(kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView) -> G
     (a linear layer over [batch, tokens, features]) and every view allows it: one [B*M, K] operand
     feeds full 128-row tiles where per-batch tiles would be short."""
     mm = kernel.nodes[0]
-    a_node, b_node = mm.inputs
+    a_node, b_node = mm.inputs[:2]     # a third input is the scale of a quantized operand (matmul.py)
     batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a_node.shape[-1]
     a = views[a_node].expand((*batch, m, k))
     b = views[b_node].expand((*batch, k, n))
@@ -165,8 +165,11 @@ class Plan:
 
 
 def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_tiles: bool = False,
-              kept_bytes: int = 0) -> Plan:
+              kept_bytes: int = 0, load_bytes: dict[str, int] | None = None) -> Plan:
     """The blocking for `orientation` (see the module docstring).
+
+    load_bytes: bytes per element a side's loads move when that differs from dtype_bytes (an operand the
+    kernel quantizes as it loads it reads its own dtype), so the wider side is the one read once.
 
     kept_bytes: bytes per partition of a value kept in SBUF (lower.py keep_on_chip) that the kernel writes
     or reads, live across the kernel; the operands plan on what it leaves.
@@ -211,8 +214,11 @@ def make_plan(gemm: Gemm, orientation: str, dtype_bytes: int, hw: HwConfig, row_
             matmul = cost.matmul_seconds(s_tile, v_tile, fp32, hw)
             ramp = not row_tiles and panel > r_tile and \
                 panel * gemm.k * dtype_bytes / rate > math.ceil(panel / r_tile) * k_tiles * matmul
-            reads = copies * r_total + len(batches) * t_total * panels + (first_group * t_total if ramp else 0)
-            seconds = max(pe_seconds, reads * gemm.k * dtype_bytes / rate / DMA_SHARE)
+            streamed = "a" if resident == "b" else "b"
+            r_bytes, t_bytes = ((load_bytes or {}).get(side, dtype_bytes) for side in (resident, streamed))
+            t_reads = (len(batches) * panels + (first_group if ramp else 0)) * t_total
+            reads = copies * r_total * r_bytes + t_reads * t_bytes
+            seconds = max(pe_seconds, reads * gemm.k / rate / DMA_SHARE)
             key = (seconds, -moving, resident != "b")
             if best is None or key < best[0]:
                 best = (key, Plan(orientation, m_tile, n_tile, resident, panel, ramp, row_tiles))
