@@ -13,8 +13,9 @@ example inputs ("static", the matmul's attribute), the IR interpreter computing 
 quantizes the activation itself (attrs quantize: its dtype, which operand, the static scale): its kernel
 multiplies and casts each k-tile as it loads (passes/tile/kernels/matmul.py), so a_q never goes through HBM
 and the quantization overlaps TensorE rather than running as a kernel before it. The rescale is an epilogue of
-the matmul, applied to the fp32 sum as PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of two activations stay in bf16 (the
-precision pass: auto_cast narrows them to bf16); so do the values auto_cast="all" narrows.
+the matmul, applied to the fp32 sum as PSUM is evacuated. Attention's two matmuls, convolutions and matmuls of
+two activations stay in bf16 (the precision pass: auto_cast narrows them to bf16); so do the values
+auto_cast="all" narrows.
 
 MX: a matmul x @ w whose weight w [K, N] is a constant and K a multiple of 32 becomes one `matmul_mx` node (x,
 w's elements, w's E8M0 scales): the weight quantized now along K (runtime/mx.py quantize_mx, the mx_scale
