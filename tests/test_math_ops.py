@@ -34,6 +34,7 @@ EXACT = {
     "sign": torch.sign, "sgn": torch.sgn, "frac": torch.frac,
     "isnan": torch.isnan, "isinf": torch.isinf, "isfinite": torch.isfinite,
     "nan_to_num": torch.nan_to_num, "nan_to_num_values": lambda x: torch.nan_to_num(x, 1.0, 2.0, -3.0),
+    "isposinf": torch.isposinf, "isneginf": torch.isneginf,
 }
 
 
@@ -103,17 +104,31 @@ def test_rounding_sign_and_classification_equal_eager_bit_for_bit():
         assert_bits_equal(g, fn(x), x, name)
 
 
+def test_ndtr_within_erfc_and_its_argument_rounding():
+    """erfc(-x sqrt(1/2)) / 2 as torch's kernel: erfc's 3 ulp and the result's half, plus the argument's relative
+    error (2^-24 for its rounding, 2^-26 for the constant's) magnified by |d log erfc(z) / d log z| <= 2 z^2 + 1 =
+    x^2 + 1: up to 1.25 x^2 + 1 ulps."""
+    x = values(1605)
+    x = x[x.abs() <= 14]
+    got, = compiled([torch.special.ndtr], x)(x)
+    exact = torch.erfc(-x.double() * math.sqrt(0.5)) / 2   # torch's float64 ndtr cancels below -6
+    fin = exact > 0
+    err = (got[fin].double() - exact[fin]).abs() / ulp_of(exact[fin]) - (1.25 * x[fin].double() ** 2 + 1)
+    assert err.max() <= 3.5 and (got[~fin] == 0).all()
+
+
 def test_binary_functions():
     """fmod and remainder bit for bit (away from |a / b| > 1e30, where eager's vectorized fmod gives NaN and the
     machine the exact fmodf); atan2 1.5 ulp, hypot 1.2, xlogy 1.5 (log's 1 plus the product's half),
-    logaddexp 2.5 plus 2^-23 absolute (log1p of a value in (0, 1] added to the larger operand)."""
+    logaddexp 2.5 plus 2^-23 absolute (log1p of a value in (0, 1] added to the larger operand), logaddexp2 (as
+    logaddexp of both times ln 2, over ln 2) 4.5 plus 2^-22."""
     g = torch.Generator().manual_seed(1603)
     s = torch.tensor(SPECIAL)
     a = torch.cat([s.repeat_interleave(len(SPECIAL)), torch.empty(4000).uniform_(-20, 20, generator=g)])
     b = torch.cat([s.repeat(len(SPECIAL)), torch.empty(4000).uniform_(-6, 6, generator=g)])
     fns = [torch.fmod, torch.remainder, torch.atan2, torch.hypot, torch.logaddexp, torch.xlogy,
            lambda p, q: torch.remainder(p, 2.5), lambda p, q: torch.fmod(p, -1.5), lambda p, q: torch.xlogy(p, 3.0),
-           lambda p, q: torch.xlogy(0.0, q), lambda p, q: torch.atan2(p, q.abs())]
+           lambda p, q: torch.xlogy(0.0, q), lambda p, q: torch.atan2(p, q.abs()), torch.logaddexp2]
     got = compiled(fns, a, b)(a, b)
     ordinary = (a.double() / b.double()).abs() < 1e30
     for name, i in (("fmod", 0), ("remainder", 1), ("remainder_scalar", 6), ("fmod_scalar", 7)):
@@ -121,7 +136,7 @@ def test_binary_functions():
         assert_bits_equal(got[i][ordinary], want[ordinary], a[ordinary], name)
     for name, i, ulps, absolute in (("atan2", 2, 1.5, 0), ("hypot", 3, 1.2, 0), ("logaddexp", 4, 2.5, 2.0 ** -23),
                                     ("xlogy", 5, 1.5, 0), ("xlogy_scalar", 8, 1.5, 0), ("xlogy_zero", 9, 0, 0),
-                                    ("atan2_abs", 10, 1.5, 0)):
+                                    ("atan2_abs", 10, 1.5, 0), ("logaddexp2", 11, 4.5, 2.0 ** -22)):
         check_ulps(name, got[i], fns[i](a, b), fns[i](a.double(), b.double()), a, ulps, absolute)
 
 

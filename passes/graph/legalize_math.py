@@ -7,6 +7,7 @@ Intermediates are fp32 and only the result rounds to its dtype, as torch's kerne
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -149,3 +150,27 @@ def _xlogy(rw: Rewriter, n, a):
     elif x == 0:
         prod = zero
     return rw.where(rw.binary("ne", y, y), y, prod)
+
+
+@rule("aten.isposinf.default", "aten.isneginf.default")
+def _is_signed_inf(rw: Rewriter, n, a):
+    """x > the dtype's largest finite value (x < its negative)."""
+    if not rw.arg_dtypes[0].is_floating_point:
+        return rw.filled(0, n.shape, n.dtype)
+    big = _finite_max(rw)
+    return rw.scalar(a["input"], "gt", big) if n.op == "aten.isposinf.default" else rw.scalar(a["input"], "lt", -big)
+
+
+@rule("aten.special_ndtr.default")
+def _ndtr(rw: Rewriter, n, a):
+    """The normal CDF as torch's kernel: erfc(-x sqrt(1/2)) / 2."""
+    _float_input(rw, n, "ndtr")
+    return rw.scalar(rw.unary(rw.scalar(a["input"], "mul", -math.sqrt(0.5), dtype=FP32), "erfc", FP32), "mul", 0.5)
+
+
+@rule("aten.logaddexp2.default")
+def _logaddexp2(rw: Rewriter, n, a):
+    """log2(2^a + 2^b) = logaddexp(a ln 2, b ln 2) / ln 2 (the scalings add 1.5 ulp to logaddexp's error)."""
+    _float_input(rw, n, "logaddexp2")
+    x, y = (rw.arith("mul", v, math.log(2), FP32) for v in (a["input"], a["other"]))
+    return rw.scalar(rw.binary("logaddexp", x, y, FP32), "div", math.log(2))
