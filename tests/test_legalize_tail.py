@@ -63,7 +63,8 @@ ORDS = [2, 1, math.inf, -math.inf, 0, 3, 0.5, -1.5]
 
 
 @pytest.mark.parametrize("shape, dim, keepdim", [((7,), None, False), ((4, 33, 6), (0, 2), True),
-                                                 ((3, 129), -1, False), ((2, 5, 1000), 2, False)])
+                                                 ((3, 129), -1, False), ((2, 5, 1000), 2, False),
+                                                 ((3, 1, 4), 1, True), ((1, 1), None, False)])
 def test_vector_norms_match_float64(shape, dim, keepdim):
     torch.manual_seed(1601)
     x = torch.randn(*shape)
@@ -91,6 +92,44 @@ def test_distances_losses_and_trace_match_float64():
                                          F.pairwise_distance(a, b), F.pairwise_distance(a, b, p=1, keepdim=True),
                                          F.triplet_margin_loss(a, b, c), F.triplet_margin_loss(a, b, c, p=3),
                                          F.cosine_embedding_loss(a, b, y), torch.trace(a)), a, b, c, y)
+
+
+@pytest.mark.parametrize("p", [2, 1, 0, math.inf, 1.5])
+def test_dist_and_cdist_match_float64(p):
+    """cdist as the broadcast difference normed (and, for p = 2 past 2^22 difference elements or with compute_mode
+    1, torch's matmul form: |x1|^2 + |x2|^2 - 2 x1 x2^T cancels, so its bound is absolute, 2^-17 of the largest
+    |x|^2 term, within its square root: 2^-8.5 of max |x|, here 1e-2)."""
+    torch.manual_seed(1609)
+    x1, x2 = torch.randn(2, 7, 5), torch.randn(9, 5)
+    close_to_float64(lambda x1, x2: (torch.dist(x1[0], x2[:7], p), torch.cdist(x1, x2, p)), x1, x2)
+    if p == 2:
+        fn = lambda x1, x2: torch.cdist(x1, x2, compute_mode="use_mm_for_euclid_dist")   # noqa: E731
+        got, exact = compiled(fn, x1, x2)(x1, x2), fn(x1.double(), x2.double())
+        assert float((got.double() - exact).abs().max()) <= 1e-2
+
+
+def test_matmul_helpers_match_float64():
+    """addmv, addbmm (the batch summed as part of one contraction) and bilinear (_trilinear's broadcast products
+    summed): fp32 sums of n <= 25 products, in any order within n 2^-24 of the sum of the terms' magnitudes (the
+    function of |inputs|), bounded here by 2^-18 of it."""
+    torch.manual_seed(1610)
+    i, m, v = torch.randn(4), torch.randn(4, 6), torch.randn(6)
+    c, b1, b2 = torch.randn(3, 5), torch.randn(4, 3, 6), torch.randn(4, 6, 5)
+    x, y, w, bias = torch.randn(3, 4), torch.randn(3, 5), torch.randn(6, 4, 5), torch.randn(6)
+    fn = lambda i, m, v, c, b1, b2, x, y, w, bias: (   # noqa: E731
+        torch.addmv(i, m, v), torch.addmv(i[:1], m, v, beta=0.5, alpha=2.0), torch.addbmm(c, b1, b2),
+        torch.addbmm(c[0], b1, b2, beta=0.25, alpha=1.5), F.bilinear(x, y, w, bias), F.bilinear(x, y, w))
+    xs = (i, m, v, c, b1, b2, x, y, w, bias)
+    got, exact = compiled(fn, *xs)(*xs), fn(*(t.double() for t in xs))
+    for k, (g, e, size) in enumerate(zip(got, exact, fn(*(t.double().abs() for t in xs)))):
+        assert g.shape == e.shape and bool(((g.double() - e).abs() <= 2 ** -18 * size).all()), k
+
+
+def test_repeat_interleave_by_a_tensor_matches_eager_exactly():
+    """repeats from the model's input with a static output_size: the index computed on the device."""
+    x, repeats = torch.randn(4, 3), torch.tensor([1, 0, 3, 2])
+    equal_to_eager(lambda x, r: (torch.repeat_interleave(x, r, dim=0, output_size=6),
+                                 torch.repeat_interleave(r, output_size=6)), x, repeats)
 
 
 def test_vector_norm_special_values_match_eager():
@@ -160,3 +199,18 @@ def test_copysign_and_heaviside_match_eager_exactly():
     values = torch.tensor([0.25, -1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
     equal_to_eager(lambda x, o, v: (torch.copysign(x, o), torch.copysign(x, -2.0), torch.copysign(x, 0.0),
                                     torch.heaviside(x, v), torch.heaviside(o, v)), x, other, values)
+
+
+def test_gather_and_the_losses_on_it_match_eager():
+    """gather along any dim moves elements exactly; cross_entropy and nll_loss (class indices, ignore_index,
+    label smoothing) and multi_margin_loss reach legalize as gathers and sums of at most 10 terms, within 1e-6."""
+    torch.manual_seed(1611)
+    x, logits, target = torch.randn(4, 5, 6), torch.randn(8, 10), torch.randint(0, 10, (8,))
+    i0, i1, i2 = torch.randint(0, 4, (2, 5, 2)), torch.randint(0, 5, (4, 3, 6)), torch.randint(0, 6, (4, 5, 9))
+    equal_to_eager(lambda x, i0, i1, i2: (torch.gather(x, 0, i0), torch.gather(x, 1, i1), torch.gather(x, -1, i2),
+                                          torch.gather(x[0, 0], 0, i2[0, 0])), x, i0, i1, i2)
+    fn = lambda x, t: (F.cross_entropy(x, t), F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=3),   # noqa: E731
+                       F.nll_loss(F.log_softmax(x, 1), t, reduction="none"), F.multi_margin_loss(x, t))
+    for g, r in zip(compiled(fn, logits, target)(logits, target), fn(logits, target)):
+        torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
+

@@ -21,6 +21,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
+from trnc.passes.graph import legalize_matmul as mm
 from trnc.passes.graph import legalize_rules as base   # circular: legalize_rules imports this module; used at call time
 from trnc.passes.graph.legalize_table import dim_of, dims_of, rule
 
@@ -33,35 +34,81 @@ MAX_SLICES = 64   # a non-float flip or a wide unfold is at most this many slice
 
 # -- norms -------------------------------------------------------------------------------------------------
 def _reduce_abs(rw: Rewriter, x: ir.Node, op: str, axes, keepdim: bool) -> ir.Node:
-    """op over |x|, |x| taken on each loaded tile by the reduction itself (no |x| tensor written)."""
-    if not axes or any(x.shape[d] == 0 for d in axes):   # nothing to reduce, or nothing in it: the helper's cases
+    """op over |x|, |x| taken on each loaded tile by the reduction itself (no |x| tensor written). Over axes of
+    size 1 only, the reduce kernel is a copy that skips `abs` (passes/tile/kernels/reduce.py), so |x| is a node."""
+    if all(x.shape[d] == 1 for d in axes) or any(x.shape[d] == 0 for d in axes):   # no axes, size 1, empty
         return rw.reduce(rw.unary(x, "abs", FP32), op, axes, keepdim, FP32)
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
     return rw.emit("reduce", (x,), shape, FP32, op=op, axes=tuple(axes), keepdim=bool(keepdim), abs=True)
 
 
-@rule("aten.linalg_vector_norm.default")
-def _vector_norm(rw: Rewriter, n, a):
-    """(sum |x|^p)^(1/p) over `dim` as torch's kernel cases it: p = 2 sqrt of a sum of squares, 1 a sum of |x|,
+def _norm(rw: Rewriter, x: ir.Node, p: float, axes, keepdim: bool, dtype: DType) -> ir.Node:
+    """(sum |x|^p)^(1/p) over `axes` as torch's kernel cases it: p = 2 sqrt of a sum of squares, 1 a sum of |x|,
     inf and -inf the largest and smallest |x|, 0 the count of nonzeros, any other p through pow (a negative p
-    makes |0|^p inf and the norm 0, as in torch). fp32 inside; the result rounds once to its dtype."""
-    x, p = a["input"], float(a["ord"])
-    if not n.dtype.is_float:
-        rw.fail(f"with result dtype {n.dtype.text} is not supported")
-    axes, keepdim = dims_of(a["dim"], len(x.shape)), a["keepdim"]
+    makes |0|^p inf and the norm 0, as in torch). fp32 inside; the result rounds once to `dtype`."""
     if p == math.inf or p == -math.inf:
-        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "max" if p > 0 else "min", axes, keepdim),
-                                              n.dtype), x)
+        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "max" if p > 0 else "min", axes, keepdim), dtype), x)
     if p == 1:
-        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "sum", axes, keepdim), n.dtype), x)
+        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "sum", axes, keepdim), dtype), x)
     if p == 0:
-        return rw.reduce(rw.cast(rw.scalar(x, "ne", 0), FP32), "sum", axes, keepdim, n.dtype)
+        return rw.reduce(rw.cast(rw.scalar(x, "ne", 0), FP32), "sum", axes, keepdim, dtype)
     if p == 2:
         total = rw.reduce(rw.unary(x, "square", FP32), "sum", axes, keepdim, FP32)
-        return base._keep_fp32_inside(rw.unary(total, "sqrt", n.dtype), x)
+        return base._keep_fp32_inside(rw.unary(total, "sqrt", dtype), x)
     powers = rw.scalar(rw.unary(x, "abs", FP32), "pow", p, dtype=FP32)
     total = rw.reduce(powers, "sum", axes, keepdim, FP32)
-    return base._keep_fp32_inside(rw.scalar(total, "pow", 1 / p, dtype=n.dtype), x)
+    return base._keep_fp32_inside(rw.scalar(total, "pow", 1 / p, dtype=dtype), x)
+
+
+def _float_result(rw: Rewriter, n) -> None:
+    if not n.dtype.is_float:
+        rw.fail(f"with result dtype {n.dtype.text} is not supported")
+
+
+@rule("aten.linalg_vector_norm.default")
+def _vector_norm(rw: Rewriter, n, a):
+    _float_result(rw, n)
+    x = a["input"]
+    return _norm(rw, x, float(a["ord"]), dims_of(a["dim"], len(x.shape)), a["keepdim"], n.dtype)
+
+
+@rule("aten.dist.default")
+def _dist(rw: Rewriter, n, a):
+    """The p-norm of the broadcast difference over every element."""
+    _float_result(rw, n)
+    diff = rw.binary("sub", a["input"], a["other"], FP32)
+    return _norm(rw, diff, float(a["p"]), tuple(range(len(diff.shape))), False, n.dtype)
+
+
+CDIST_MM_ELEMENTS = 1 << 22   # a [*, P, R, M] difference above this many elements: p = 2 through a matmul
+
+
+@rule("aten._cdist_forward.default")
+def _cdist(rw: Rewriter, n, a):
+    """p-norms of the differences of every row of x1 [*, P, M] and x2 [*, R, M]: the broadcast difference
+    [*, P, R, M] normed over M (more accurate than torch's matmul form, which it takes for p = 2 beyond 25 rows
+    unless compute_mode is 2); p = 2 with compute_mode 1, or a difference too large to write, is torch's matmul
+    form |x1|^2 + |x2|^2 - 2 x1 x2^T clamped at 0, with its cancellation."""
+    _float_result(rw, n)
+    x1, x2, p = a["x1"], a["x2"], float(a["p"])
+    batch = tuple(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    rows, cols, m = x1.shape[-2], x2.shape[-2], x1.shape[-1]
+    if p == 2 and a["compute_mode"] != 2 and (a["compute_mode"] == 1 or
+                                              math.prod(batch) * rows * cols * m > CDIST_MM_ELEMENTS):
+        sq1 = rw.reduce(rw.unary(x1, "square", FP32), "sum", (len(x1.shape) - 1,), True, FP32)
+        sq2 = rw.reduce(rw.unary(x2, "square", FP32), "sum", (len(x2.shape) - 1,), False, FP32)
+        sq2 = rw.reshape(sq2, sq2.shape[:-1] + (1, cols))
+        dots = mm._matmul(rw, rw.cast(x1, FP32), rw.permute(rw.cast(x2, FP32), _swap_last(len(x2.shape))), FP32)
+        total = rw.binary("add", rw.binary("add", rw.scalar(dots, "mul", -2, dtype=FP32), sq1, FP32), sq2, FP32)
+        return rw.unary(rw.scalar(total, "max", 0, dtype=FP32), "sqrt", n.dtype)
+    left = rw.reshape(x1, x1.shape[:-1] + (1, m))
+    right = rw.reshape(x2, x2.shape[:-2] + (1, cols, m))
+    diff = rw.binary("sub", left, right, FP32)
+    return _norm(rw, diff, p, (len(diff.shape) - 1,), False, n.dtype)
+
+
+def _swap_last(rank: int) -> list[int]:
+    return list(range(rank - 2)) + [rank - 1, rank - 2]
 
 
 # -- sign and step functions -------------------------------------------------------------------------------
@@ -186,3 +233,89 @@ def _unfold(rw: Rewriter, n, a):
     shape = x.shape[:d] + (windows,) + x.shape[d + 1:] + (1,)
     return rw.cat([rw.reshape(rw.slice(x, d, j, j + last + 1, step), shape) for j in range(size)], len(x.shape),
                   x.dtype)
+
+
+# -- products ----------------------------------------------------------------------------------------------
+@rule("aten.addmv.default")
+def _addmv(rw: Rewriter, n, a):
+    """beta input + alpha mat @ vec: addmm's matmul and epilogue, with input as a column of the [n, 1] product."""
+    bias = a["input"]
+    if len(bias.shape) == 1:
+        bias = rw.reshape(bias, bias.shape + (1,))
+    scaled = a["alpha"] != 1 or a["beta"] not in (0, 1)
+    out = mm._matmul(rw, a["mat"], rw.reshape(a["vec"], a["vec"].shape + (1,)), n.dtype,
+                     lambda p, **arith: mm._scaled_add(rw, p, bias, a["beta"], a["alpha"], **arith), scaled)
+    return rw.reshape(out, n.shape)
+
+
+@rule("aten.addbmm.default")
+def _addbmm(rw: Rewriter, n, a):
+    """beta input + alpha sum over b of batch1[b] @ batch2[b]: one matmul contracting batch and k together,
+    [n, B k] @ [B k, p] (the sum over the batch is part of the accumulation, as TensorE would do it)."""
+    b1, b2 = a["batch1"], a["batch2"]
+    batches, rows, k = b1.shape
+    left = rw.reshape(rw.permute(b1, (1, 0, 2)), (rows, batches * k))
+    right = rw.reshape(b2, (batches * k, b2.shape[-1]))
+    scaled = a["alpha"] != 1 or a["beta"] not in (0, 1)
+    return mm._matmul(rw, left, right, n.dtype,
+                      lambda p, **arith: mm._scaled_add(rw, p, a["input"], a["beta"], a["alpha"], **arith), scaled)
+
+
+@rule("aten._trilinear.default")
+def _trilinear(rw: Rewriter, n, a):
+    """F.bilinear's op: each input gets unit dims at its `expand` dims, the three broadcast products are summed
+    over `sumdim` (fp32 products and sum, one rounding)."""
+    factors = []
+    for name, expand in (("i1", "expand1"), ("i2", "expand2"), ("i3", "expand3")):
+        x = a[name]
+        shape = list(x.shape)
+        for d in sorted(a[expand]):
+            shape.insert(d, 1)
+        factors.append(rw.reshape(x, shape))
+    product = rw.binary("mul", rw.binary("mul", factors[0], factors[1], FP32), factors[2], FP32)
+    rank = len(product.shape)
+    return base._keep_fp32_inside(rw.reduce(product, "sum", dims_of(list(a["sumdim"]), rank), False, n.dtype),
+                                  product)
+
+
+@rule("aten.repeat_interleave.Tensor")
+def _repeat_interleave_index(rw: Rewriter, n, a):
+    """The index that repeats i repeats[i] times, of a static length (output_size): index j is the count of
+    running totals of repeats at most j. The totals are sums of a constant triangular mask times repeats, all in
+    fp32 (exact below 2^24), so no scan is needed; the shape must be known, as torch's own output_size gives it."""
+    repeats = a["repeats"]
+    if len(repeats.shape) != 1:
+        rw.fail("is supported for a 1-d repeats tensor only")
+    size, out = repeats.shape[0], n.shape[0]
+    if size * max(size, out) > 1 << 24:
+        rw.fail(f"of {size} repeats into {out} is not supported: its [{out}, {size}] comparison is too large")
+    upto = rw.const(torch.ones(size, size).tril().bool(), DType.UINT8)   # [i, k]: k <= i
+    counts = rw.reshape(rw.cast(repeats, FP32), (1, size))
+    totals = rw.reduce(rw.where(upto, counts, rw.filled(0.0, (size, size), FP32), FP32), "sum", (1,), False, FP32)
+    positions = rw.const(torch.arange(out, dtype=torch.float32).reshape(out, 1), FP32)
+    below = rw.binary("le", rw.reshape(totals, (1, size)), positions)
+    return rw.reduce(rw.cast(below, FP32), "sum", (1,), False, n.dtype)
+
+
+# -- gathers -----------------------------------------------------------------------------------------------
+@rule("aten.gather.default")
+def _gather(rw: Rewriter, n, a):
+    """out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`: one gather of single elements of the
+    flattened x by a flat index, index * stride(dim) plus a constant of the other coordinates' offsets (int32
+    index math, exact in fp32 below 2^24 elements; torch rejects negative indices, the gather faults on them)."""
+    x, index = a["input"], a["index"]
+    if not x.shape:
+        x, index = rw.reshape(x, (1,)), rw.reshape(index, (1,))
+    rank, numel = len(x.shape), math.prod(x.shape)
+    if numel > 1 << 24:
+        rw.fail(f"of a tensor of {numel} elements is not supported: its flat index would pass 2^24, where the "
+                "index math (in fp32) is no longer exact")
+    dim = dim_of(a["dim"], rank)
+    strides = [math.prod(x.shape[d + 1:]) for d in range(rank)]
+    offsets = sum(torch.arange(size).reshape([-1 if d == k else 1 for k in range(rank)]) * strides[d]
+                  for d, size in enumerate(index.shape) if d != dim)
+    flat = rw.scalar(rw.cast(index, DType.INT32), "mul", strides[dim], dtype=DType.INT32, index_bound=numel)
+    if rank > 1:
+        flat = rw.binary("add", flat, rw.const(torch.as_tensor(offsets).expand(index.shape), DType.INT32),
+                         DType.INT32, index_bound=numel)
+    return rw.reshape(base._take(rw, rw.reshape(x, (numel,)), 0, flat), n.shape)
