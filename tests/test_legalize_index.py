@@ -243,3 +243,38 @@ def test_logcumsumexp_within_its_bound(size):
     magnitude = x[x.isfinite()].abs().max() + math.log(size)
     bound = depth * U * (magnitude + LOGCUMSUMEXP_ABS_ULPS)
     assert float((got - ref)[finite].abs().max()) <= bound
+
+
+def roberta_position_ids(input_ids, padding_idx: int = 1, past_key_values_length: int = 0):
+    """transformers' create_position_ids_from_input_ids (RoBERTa, XLM-R, ...), as Hugging Face writes it."""
+    mask = input_ids.ne(padding_idx).int()
+    incremental_indices = (torch.cumsum(mask, dim=1).type_as(mask) + past_key_values_length) * mask
+    return incremental_indices.long() + padding_idx
+
+
+def test_roberta_position_ids_are_exact_on_the_device():
+    """The integer cumsum, add and multiply carry bounds (cumsum of 0/1 over n: n; + 0; * a 0/1 mask; + 1) that
+    keep them within 2^24, so fp32 computes them exactly and no op falls back."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, 50, (2, 513), generator=g)
+    ids[1, 300:] = 1
+    assert_same(run(roberta_position_ids, ids), roberta_position_ids(ids))
+    fn = lambda t: roberta_position_ids(t, 1, 7)  # noqa: E731
+    assert_same(run(fn, ids), fn(ids))
+
+
+def test_integer_arithmetic_without_a_bound_is_still_refused():
+    ids = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    with pytest.raises(UnsupportedOpError, match="integer scalar 'add'"):
+        run(lambda t: t + 1, ids)
+
+
+def test_indices_stay_exact_when_auto_cast_narrows_every_value():
+    """auto_cast="all" stores fp32 intermediates in bf16, whose integers are exact only up to 256: the index chains
+    (iota, selects, the scan's slices, folded constants among them) keep fp32."""
+    x = torch.zeros(3, 513)
+    x[0, 511], x[1, 257], x[2, 300] = 1.0, 1.0, 1.0
+    fn = lambda t: ((t * 2).argmax(-1), torch.cummax(t * 2, 1), torch.max(t * 2, 1))  # noqa: E731
+    assert_same(run(fn, x, precision="bf16", auto_cast="all"), fn(x))
+    mask = torch.ones(2, 600, dtype=torch.int64)
+    assert_same(run(roberta_position_ids, mask, precision="bf16", auto_cast="all"), roberta_position_ids(mask))

@@ -59,7 +59,9 @@ class FoldConstants:
             value = evaluate(n, args)
             if _shares_memory(value, args):   # a view (reshape, copy): the new const gets its own array
                 value = value.clone()
-            const = ir.Node("const", (), n.shape, n.dtype, {"value": array_of(value, n.dtype)}, n.name, n.source)
+            kept = {"keep_fp32": True} if n.attrs.get("keep_fp32") else {}   # precision still leaves it fp32
+            const = ir.Node("const", (), n.shape, n.dtype, {"value": array_of(value, n.dtype), **kept}, n.name,
+                            n.source)
             replaced[n] = const
             nodes.append(const)
         graph.nodes = nodes

@@ -52,7 +52,15 @@ def _iota(rw: Rewriter, size: int, axis: int, rank: int) -> ir.Node:
 def _to_int(rw: Rewriter, x: ir.Node, dtype: DType, bound: int) -> ir.Node:
     """x, whose values are integers within +-bound <= 2^24 by construction, converted to the integer `dtype`:
     exactly, so the kernels take it (attr `integral`), where a float-to-int cast of other values rounds where torch
-    truncates; `index_bound` tells later integer math the bound."""
+    truncates; `index_bound` tells later integer math the bound. The fp32 nodes x is made of (up to the first
+    value of another dtype: a compare, an integer input) keep fp32 (`keep_fp32`): auto_cast="all" would store them
+    in bf16, whose integers are exact only up to 256."""
+    stack = [x]
+    while stack:
+        n = stack.pop()
+        if n.dtype is FP32 and not n.attrs.get("keep_fp32"):
+            n.attrs["keep_fp32"] = True
+            stack.extend(n.inputs)
     return rw.emit("cast", (x,), x.shape, dtype, integral=True, index_bound=int(bound))
 
 
@@ -99,10 +107,10 @@ def _magnitude_bound(rw: Rewriter, x: ir.Node) -> float | None:
     """An upper bound on |x| known at compile time, or None: an 8-bit or compare-made value, a constant, an index
     legalize built (index_bound), or a cast of such a value."""
     while True:
-        if x.dtype in (DType.UINT8, DType.INT8):
-            return 255.0
         if x.op in ("binary", "scalar") and x.attrs.get("op") in COMPARE_OPS:
             return 1.0
+        if x.dtype in (DType.UINT8, DType.INT8):
+            return 255.0
         if "index_bound" in x.attrs:
             return float(x.attrs["index_bound"])
         if x.op == "const":
@@ -112,6 +120,26 @@ def _magnitude_bound(rw: Rewriter, x: ir.Node) -> float | None:
         if x.op != "cast" and (x.op not in ir.OPS_MOVEMENT or len(x.inputs) != 1):
             return None
         x = x.inputs[0]
+
+
+def bound_integer_arith(rw: Rewriter, node: ir.Node) -> ir.Node:
+    """`node`, an integer add, sub or mul (legalize_rules' arithmetic), marked `index_bound` when its operands' bounds
+    prove its result within 2^24, where fp32 computes it exactly and the kernels take it: RoBERTa's position ids,
+    (cumsum(mask) + past) * mask + padding_idx, stay on the device."""
+    op = node.attrs.get("op")
+    if node.dtype.is_float or node.op not in ("binary", "scalar") or op not in ("add", "sub", "mul") \
+            or "index_bound" in node.attrs:
+        return node
+    bounds = [_magnitude_bound(rw, i) for i in node.inputs]
+    if node.op == "scalar":
+        value = node.attrs["value"]
+        bounds.append(abs(value) if float(value).is_integer() else None)
+    if None in bounds:
+        return node
+    bound = bounds[0] * bounds[1] if op == "mul" else bounds[0] + bounds[1]
+    if bound <= EXACT_FP32:
+        node.attrs["index_bound"] = int(bound)
+    return node
 
 
 def _triangle(rw: Rewriter, size: int) -> ir.Node:

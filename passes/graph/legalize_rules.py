@@ -56,7 +56,7 @@ def _arith(op: str):
             return rw.arith(BOOL_ARITH[op], a["input"], other)
         if alpha is not None and alpha != 1:
             other = rw.scalar(other, "mul", alpha) if isinstance(other, ir.Node) else other * alpha
-        return rw.arith(op, a["input"], other)
+        return legalize_index.bound_integer_arith(rw, rw.arith(op, a["input"], other))
     return lower
 
 
