@@ -89,6 +89,7 @@ class ActFunc(TextEnum):
     TRUNC = 32
     RINT = 33       # round to nearest integer, ties to even
     SIGN = 34       # 1, -1, or +0 for +-0 and NaN
+    ERFINV = 35
 
 
 class ReduceOp(TextEnum):

@@ -215,6 +215,7 @@ ACT_FUNCS: dict[ActFunc, Callable] = {
     ActFunc.TRUNC: fp32round.trunc,
     ActFunc.RINT: fp32round.rint,
     ActFunc.SIGN: fp32round.sign,
+    ActFunc.ERFINV: fp32special.erfinv,
 }
 
 ALU_OPS: dict[AluOp, Callable] = {

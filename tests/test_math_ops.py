@@ -25,7 +25,7 @@ UNARY = {
     "asin": (torch.asin, 0.7), "acos": (torch.acos, 1.0), "atan": (torch.atan, 0.9),
     "sinh": (torch.sinh, 1.6), "cosh": (torch.cosh, 1.4), "asinh": (torch.asinh, 1.9),
     "acosh": (torch.acosh, 2.1), "atanh": (torch.atanh, 1.9), "erf": (torch.erf, 1.3),
-    "erfc": (torch.erfc, 3.0), "exp2": (torch.exp2, 1.0), "log2": (torch.log2, 0.8),
+    "erfc": (torch.erfc, 3.0), "erfinv": (torch.erfinv, 2.5), "exp2": (torch.exp2, 1.0), "log2": (torch.log2, 0.8),
     "log10": (torch.log10, 0.8),
 }
 EXACT = {

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 FP32 = DType.FP32
 # aten name -> ScalarE function (isa ActFunc)
 FUNCS = {name: name for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-                                 "atanh", "erf", "erfc", "exp2", "log2", "log10")}
+                                 "atanh", "erf", "erfc", "erfinv", "exp2", "log2", "log10")}
 ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "fix": "trunc", "round": "rint"}
 SIGN = {"sign": "sign", "sgn": "sign"}
 # aten name -> ALU op (isa AluOp)

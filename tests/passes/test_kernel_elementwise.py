@@ -81,10 +81,11 @@ TORCH_UNARY = {
     "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "asinh": torch.asinh, "acosh": torch.acosh,
     "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "exp2": torch.exp2, "log2": torch.log2,
     "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
-    "sign": torch.sign,
+    "sign": torch.sign, "erfinv": torch.erfinv,
 }
 DOMAIN = {"log": np.abs, "sqrt": np.abs, "rsqrt": np.abs, "log2": np.abs, "log10": np.abs,   # then + 0.01
-          "acosh": lambda v: np.abs(v) + 0.99, "asin": np.tanh, "acos": np.tanh, "atanh": np.tanh}
+          "acosh": lambda v: np.abs(v) + 0.99, "asin": np.tanh, "acos": np.tanh, "atanh": np.tanh,
+          "erfinv": np.tanh}
 
 
 @pytest.mark.parametrize("func", sorted(ir.UNARY_FUNCS))

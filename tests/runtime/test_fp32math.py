@@ -47,6 +47,10 @@ def phi(x: np.ndarray) -> np.ndarray:
     return np.where(x < 0, left, 0.5 + 0.5 * erf(x / math.sqrt(2)).astype(np.float64))
 
 
+def erfinv64(x: np.ndarray) -> np.ndarray:
+    return torch.erfinv(torch.from_numpy(x)).numpy()   # float64, within 2^-50 relative
+
+
 def sigmoid64(x: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
@@ -78,6 +82,8 @@ SWEEPS = {
     ActFunc.ERF: (lambda x: erf(x).astype(np.float64), lambda: np.concatenate([lin(-6, 6), pow2s(-149, 3)]), 1.3),
     ActFunc.ERFC: (lambda x: erfc(x).astype(np.float64), lambda: np.concatenate([lin(-6, 11), pow2s(-149, 3.4)]),
                    3.0),
+    ActFunc.ERFINV: (erfinv64, lambda: np.concatenate([lin(-1, 1), pow2s(-149, 0),
+                                                       (1 - np.exp2(-np.linspace(1, 24, 200_001))).astype(F)]), 2.5),
     ActFunc.EXP2: (np.exp2, lambda: np.concatenate([lin(-151, 129), pow2s(-149, 8)]), 1.0),
     ActFunc.LOG2: (np.log2, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
     ActFunc.LOG10: (np.log10, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
@@ -194,6 +200,8 @@ SPECIALS = {   # x -> f(x), exact; -0.0 and +0.0 are distinct
                    (1024.0, 10.0), (1e-45, -149.0)],
     ActFunc.LOG10: [(0.0, -INF), (-0.0, -INF), (INF, INF), (-INF, NAN), (-1.0, NAN), (NAN, NAN), (1.0, 0.0),
                     (10.0, 1.0), (1000.0, 3.0)],
+    ActFunc.ERFINV: [(0.0, 0.0), (-0.0, -0.0), (1.0, INF), (-1.0, -INF), (1.0000001, NAN), (INF, NAN), (NAN, NAN),
+                     (1e-45, 1e-45)],
     # runtime/fp32round.py: exact, ties to even, the sign of x kept on zero results
     ActFunc.FLOOR: [(-0.5, -1.0), (0.5, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (-1e-45, -1.0),
                     (2.5, 2.0), (8388609.0, 8388609.0), (-8388607.5, -8388608.0)],

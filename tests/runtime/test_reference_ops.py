@@ -339,13 +339,14 @@ FLOAT64 = {
     ActFunc.ERFC: (torch.erfc, 3), ActFunc.EXP2: (torch.exp2, 1), ActFunc.LOG2: (torch.log2, 0.8),
     ActFunc.LOG10: (torch.log10, 0.8), ActFunc.FLOOR: (torch.floor, 0), ActFunc.CEIL: (torch.ceil, 0),
     ActFunc.TRUNC: (torch.trunc, 0), ActFunc.RINT: (torch.round, 0), ActFunc.SIGN: (torch.sign, 0),
+    ActFunc.ERFINV: (torch.erfinv, 2.5),
 }
 # inputs in each function's domain, from x in [-6, 6]
 DOMAIN = {ActFunc.LOG: lambda x: np.abs(x) + F(2.0**-10), ActFunc.SQRT: lambda x: np.abs(x) + F(2.0**-10),
           ActFunc.RSQRT: lambda x: np.abs(x) + F(2.0**-10), ActFunc.LOG2: lambda x: np.abs(x) + F(2.0**-10),
           ActFunc.LOG10: lambda x: np.abs(x) + F(2.0**-10), ActFunc.ACOSH: lambda x: np.abs(x) + F(1),
           ActFunc.ASIN: lambda x: x * F(0.99 / 6), ActFunc.ACOS: lambda x: x * F(0.99 / 6),
-          ActFunc.ATANH: lambda x: x * F(0.99 / 6)}
+          ActFunc.ATANH: lambda x: x * F(0.99 / 6), ActFunc.ERFINV: lambda x: x * F(0.99 / 6)}
 
 
 def gelu_tanh_conditioning(x):
