@@ -34,7 +34,7 @@ EXACT = {
     "sign": torch.sign, "sgn": torch.sgn, "frac": torch.frac,
     "isnan": torch.isnan, "isinf": torch.isinf, "isfinite": torch.isfinite,
     "nan_to_num": torch.nan_to_num, "nan_to_num_values": lambda x: torch.nan_to_num(x, 1.0, 2.0, -3.0),
-    "isposinf": torch.isposinf, "isneginf": torch.isneginf,
+    "isposinf": torch.isposinf, "isneginf": torch.isneginf, "angle": torch.angle,
 }
 
 
@@ -152,3 +152,12 @@ def test_bf16_results_round_once(fn):
     fin = exact.isfinite()
     assert (got[~fin & ~exact.isnan()].double() == exact[~fin & ~exact.isnan()]).all()
     assert ((got[fin].double() - exact[fin]).abs() <= exact[fin].abs() * 2.0 ** -8 + 2.0 ** -133).all()
+
+
+def test_ldexp_equals_eager():
+    """x * 2^e (eager: x times pow(2, e), so 2^e overflowing gives Inf even where x 2^e would not)."""
+    x = values(1606)
+    e = torch.randint(-160, 160, x.shape, generator=torch.Generator().manual_seed(1607), dtype=torch.int32)
+    got, = compiled([torch.ldexp], x, e)(x, e)
+    assert_bits_equal(got, torch.ldexp(x, e), x, "ldexp")
+

@@ -174,3 +174,19 @@ def _logaddexp2(rw: Rewriter, n, a):
     _float_input(rw, n, "logaddexp2")
     x, y = (rw.arith("mul", v, math.log(2), FP32) for v in (a["input"], a["other"]))
     return rw.scalar(rw.binary("logaddexp", x, y, FP32), "div", math.log(2))
+
+
+@rule("aten.angle.default")
+def _angle(rw: Rewriter, n, a):
+    """The angle of a real number as torch gives it: pi below 0, else 0; NaN stays NaN."""
+    _float_input(rw, n, "angle")
+    x = a["input"]
+    turn = rw.where(rw.scalar(x, "lt", 0), rw.filled(math.pi, x.shape, FP32), rw.filled(0.0, x.shape, FP32), FP32)
+    return rw.where(rw.binary("ne", x, x), x, turn) if rw.arg_dtypes[0].is_floating_point else rw.cast(turn, n.dtype)
+
+
+@rule("aten.ldexp.Tensor")
+def _ldexp(rw: Rewriter, n, a):
+    """x * 2^e as torch's kernel (x times pow(2, e)): exp2 is exact at integers."""
+    _float_input(rw, n, "ldexp")
+    return rw.binary("mul", a["input"], rw.unary(a["other"], "exp2", FP32))
