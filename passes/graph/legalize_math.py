@@ -184,9 +184,3 @@ def _angle(rw: Rewriter, n, a):
     turn = rw.where(rw.scalar(x, "lt", 0), rw.filled(math.pi, x.shape, FP32), rw.filled(0.0, x.shape, FP32), FP32)
     return rw.where(rw.binary("ne", x, x), x, turn) if rw.arg_dtypes[0].is_floating_point else rw.cast(turn, n.dtype)
 
-
-@rule("aten.ldexp.Tensor")
-def _ldexp(rw: Rewriter, n, a):
-    """x * 2^e as torch's kernel (x times pow(2, e)): exp2 is exact at integers."""
-    _float_input(rw, n, "ldexp")
-    return rw.binary("mul", a["input"], rw.unary(a["other"], "exp2", FP32))
