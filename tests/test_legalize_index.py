@@ -278,3 +278,17 @@ def test_indices_stay_exact_when_auto_cast_narrows_every_value():
     assert_same(run(fn, x, precision="bf16", auto_cast="all"), fn(x))
     mask = torch.ones(2, 600, dtype=torch.int64)
     assert_same(run(roberta_position_ids, mask, precision="bf16", auto_cast="all"), roberta_position_ids(mask))
+
+
+def test_a_long_cumsum_adds_in_log_steps_within_the_same_bound():
+    """Past legalize_index.TRIANGLE_MAX terms the log steps cost less than the matmul: the sum goes in log2(n)
+    steps, a tree of fp32 adds (gamma(i) holds for any order), infinities and NaNs as eager's, integer masks exact."""
+    size = 2049
+    x = wide(2, size, seed=3)
+    x[1, 100], x[1, 2000] = math.inf, -math.inf
+    ref = x.cumsum(1)
+    got = run(lambda t: t.cumsum(-1), x)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got[ref.isinf()], ref[ref.isinf()])
+    assert bool(((got.double() - ref.double()).abs() <= cumsum_bound(x, ref, 1))[0].all())
+    ids = torch.randint(0, 3, (2, size), generator=torch.Generator().manual_seed(3))
+    assert_same(run(roberta_position_ids, ids), roberta_position_ids(ids))

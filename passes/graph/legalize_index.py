@@ -18,7 +18,8 @@ by U's zeros is an exact zero but for an infinite or NaN x, where it is NaN; so 
 by the matmul, count +inf and -inf (a NaN counting as both) by two more, and select inf, -inf or NaN where
 the counts say eager's sum got there. An integer cumsum is exact in fp32 while every partial sum stays within
 2^24: legalize takes it when a bound on |x| (a bool, 8-bit or compare-made value, a constant, an index) times
-the length proves that, and refuses others (the machine has no integer adder).
+the length proves that, and refuses others (the machine has no integer adder). Past TRIANGLE_MAX terms the
+cumsum adds in log steps instead (below), where infinities need no counting, within the same bound.
 
 cummax, cummin, cumprod and logcumsumexp are not linear: they scan in log2(n) steps (Hillis and Steele), each
 an elementwise combine of a slice with the slice s elements earlier and a cat, over (value, index) pairs for
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 
 FP32 = DType.FP32
 EXACT_FP32 = 2 ** 24   # integers up to this magnitude are exact in fp32
+# a longer cumsum adds in log steps: the matmul's n^2 work and triangle bytes per row outgrow the log steps' n log2(n)
+# passes. Modeled on trn2 (compiled stats, cycles of the matmul form over the log steps', 8 and 128 rows): n = 512
+# 0.70 and 0.36, 1024 1.24 and 0.67, 2048 2.16 and 1.26; past 2048 the triangle would not even fold (FOLD_MAX_ELEMENTS)
+TRIANGLE_MAX = 1024
 
 
 def _iota(rw: Rewriter, size: int, axis: int, rank: int) -> ir.Node:
@@ -199,6 +204,10 @@ def _cumsum(rw: Rewriter, n, a):
                     f"sums stay within 2^24, and {known}; cast it to float32 (or to bool/int8) first")
     if size == 1:
         return rw.cast(x, n.dtype)
+    if size > TRIANGLE_MAX:
+        add = lambda e, later: [rw.binary("add", e[0], later[0], FP32)]  # noqa: E731
+        (summed,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, add)
+        return rw.cast(summed, n.dtype) if n.dtype.is_float else _to_int(rw, summed, n.dtype, bound * size)
     triangle = _triangle(rw, size)
     if x.dtype.is_float:
         summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _cumsum_float(rw, t, triangle))
