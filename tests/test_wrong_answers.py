@@ -514,3 +514,21 @@ def test_a_bf16_addmm_with_beta_adds_its_scaled_bias_in_fp32(batched):
         got = trnc.compile(model, (x, bias), precision="bf16", auto_cast="all", cache=False)(x, bias)
     allowed = 2.0 ** -8 * exact.abs() + 8 * 2.0 ** -24 * magnitude
     assert ((got.double() - exact).abs() <= allowed).all()
+
+
+class MixedOperands(nn.Module):
+    """A bf16 tensor against a Python float, a 0-d fp32 tensor and a float64 number: torch converts each to bf16
+    (the ops' common dtype) before comparing or computing."""
+
+    def forward(self, x, y):
+        return x > 0.1, torch.ge(x, y), x <= y, torch.maximum(x, y), x + y, torch.add(x, y, alpha=3), x == 0.2
+
+
+@pytest.mark.parametrize("via", ["api", "backend"])
+def test_operands_are_rounded_to_the_common_dtype_before_a_comparison(via):
+    """Fuzzer seed 7777000880: torch.ge of a bf16 [1, 2, 125] tensor and a 0-d fp32 one differed at one element;
+    trnc compared against the unrounded fp32 value. 0.10009765625 is bf16(0.1) and bf16(y)."""
+    x = torch.tensor([0.10009765625, 0.1, 0.2, 256, -3.5], dtype=torch.bfloat16)
+    y = torch.tensor(0.10009, dtype=torch.float32)
+    for got, ref in zip(run(MixedOperands(), (x, y), via), MixedOperands()(x, y)):
+        assert got.dtype == ref.dtype and torch.equal(got, ref)

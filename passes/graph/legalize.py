@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 from torch.fx.operator_schemas import normalize_function
 
 from trnc import ir
-from trnc.dtypes import array_of, tensor_of
+from trnc.dtypes import DTYPES, array_of, tensor_of, torch_dtype
 from trnc.errors import TrncError, UnsupportedOpError
 from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
@@ -56,6 +56,7 @@ class Rewriter:
         self.lossy: set[ir.Node] = set()               # consts whose int64 values did not fit int32
         self.current: ir.Node | None = None
         self.arg_dtypes: list[torch.dtype] = []        # torch dtype of each input of the current node
+        self.arg_values: list = []                     # and its value
         self.created: list[ir.Node] = []
         self.seen: dict[tuple, ir.Node] = {}
 
@@ -146,6 +147,34 @@ class Rewriter:
     def where(self, cond: ir.Node, a: ir.Node, b: ir.Node, dtype: DType | None = None) -> ir.Node:
         shape = tuple(torch.broadcast_shapes(cond.shape, a.shape, b.shape))
         return self.emit("where", (cond, a, b), shape, self._dtype(dtype))
+
+    def in_common_dtype(self, *operands) -> list:
+        """The operands of a binary op as torch computes it: TensorIterator first converts every input to the
+        op's common dtype (torch.result_type: a 0-d tensor or a Python number counts only when of a higher
+        category), so a wider float operand (a 0-d fp32 tensor, a Python float, a float64 constant beside a
+        bf16 tensor) is rounded to it before the op, which compares or computes on the rounded value."""
+        probes = [v if not isinstance(v, ir.Node) else
+                  torch.empty((1,) * len(v.shape), dtype=self.torch_dtype(v)) for v in operands]
+        common = torch.result_type(*probes)
+        if not common.is_floating_point:
+            return list(operands)
+        rounded = []
+        for v in operands:
+            if isinstance(v, ir.Node):
+                wider = v.dtype.is_float and torch.promote_types(self.torch_dtype(v), common) != common
+                rounded.append(self.cast(v, DTYPES[common]) if wider else v)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                rounded.append(torch.tensor(v, dtype=torch.float64).to(common).item())
+            else:
+                rounded.append(v)
+        return rounded
+
+    def torch_dtype(self, v: ir.Node) -> torch.dtype:
+        """The torch dtype of an input of the current node (its IR dtype may be narrower: int64 held as int32)."""
+        for value, dtype in zip(self.arg_values, self.arg_dtypes):
+            if value is v and dtype is not None:
+                return dtype
+        return torch_dtype(v.dtype)
 
     def cast(self, x: ir.Node, dtype: DType) -> ir.Node:
         return x if x.dtype is dtype else self.emit("cast", (x,), x.shape, dtype)
@@ -261,7 +290,7 @@ def _legalize_node(rw: Rewriter, node: ir.Node, rules, counts: Counter):
         rw.nodes.append(node)
         return node
     rw.current, rw.created = node, []
-    rw.arg_dtypes = [None] * len(values)
+    rw.arg_dtypes, rw.arg_values = [None] * len(values), values
     for a in pytree.tree_leaves((node.attrs["args"], node.attrs["kwargs"])):
         if isinstance(a, TensorArg):
             rw.arg_dtypes[a.index] = a.dtype

@@ -50,13 +50,14 @@ BOOL_ARITH = {"add": "or", "mul": "and"}   # what torch computes for + and * of 
 
 def _arith(op: str):
     def lower(rw: Rewriter, n, a):
-        other = a["other"]
+        x, other = a["input"], a["other"]
         alpha = a.get("alpha", 1)
         if all(d is torch.bool for d in rw.arg_dtypes) and op in BOOL_ARITH and n.dtype is DType.UINT8:
-            return rw.arith(BOOL_ARITH[op], a["input"], other)
+            return rw.arith(BOOL_ARITH[op], x, other)
+        x, other = rw.in_common_dtype(x, other)
         if alpha is not None and alpha != 1:
             other = rw.scalar(other, "mul", alpha) if isinstance(other, ir.Node) else other * alpha
-        return legalize_index.bound_integer_arith(rw, rw.arith(op, a["input"], other))
+        return legalize_index.bound_integer_arith(rw, rw.arith(op, x, other))
     return lower
 
 
