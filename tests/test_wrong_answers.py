@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import trnc
-from trnc.errors import UnsupportedOpError
+from trnc.errors import TrncError, UnsupportedOpError
 
 FP32_REL = 1e-5
 
@@ -532,3 +532,19 @@ def test_operands_are_rounded_to_the_common_dtype_before_a_comparison(via):
     y = torch.tensor(0.10009, dtype=torch.float32)
     for got, ref in zip(run(MixedOperands(), (x, y), via), MixedOperands()(x, y)):
         assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+class ArgmaxAndEqual(nn.Module):
+    def forward(self, x):
+        return x.argmax(1), x == 16777215
+
+
+def test_integer_inputs_at_or_above_2_24_are_refused_at_the_call():
+    """The engines compare integers in fp32: 16777217 and 16777216 both read as 2^24, so argmax would pick the
+    wrong index and == would hold. Below 2^24 every integer is exact and the answers are torch's."""
+    small = torch.tensor([[3, 16777215, 16777214, 16777215], [-16777215, 0, 5, 5]])
+    compiled = trnc.compile(ArgmaxAndEqual(), (small,), cache=False)
+    assert_like_eager(compiled(small), ArgmaxAndEqual()(small))
+    for big in (torch.tensor([[3, 16777217, 16777216, 1], [0, 0, 0, 0]]), torch.full((2, 4), -2 ** 40)):
+        with pytest.raises(TrncError, match="input 0 holds integers of magnitude 2\\^24 or more"):
+            compiled(big)

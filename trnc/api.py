@@ -29,6 +29,7 @@ from trnc.log import get_logger
 from trnc.options import Options
 from trnc.passes import roofline
 from trnc.passes.pipeline import CompileState, PassProgress, print_after_names, run_pipeline
+from trnc.passes.tile.kernels.elementwise import FP32_EXACT_INTEGERS
 from trnc.progress import Progress
 from trnc.runtime import perf, reference
 
@@ -182,9 +183,10 @@ class CompiledModel:
             if tuple(t.shape) != decl.shape:
                 raise TrncError(f"input {i} has shape {list(t.shape)}; it was compiled for {list(decl.shape)} "
                                 "(shapes are static: compile again for new shapes)")
-            if decl.dtype is DType.INT32 and t.dtype == torch.int64:
-                if t.numel() and (int(t.max()) >= 2**31 or int(t.min()) < -2**31):
-                    raise TrncError(f"input {i} holds int64 values outside int32, the machine's index type")
+            if decl.dtype is DType.INT32 and t.numel() and max(int(t.max()), -int(t.min())) >= FP32_EXACT_INTEGERS:
+                raise TrncError(f"input {i} holds integers of magnitude 2^24 or more: the engines compare and "
+                                "compute integers in fp32, exactly only below 2^24 (compute in float, or keep "
+                                "such integers on the host)")
             feed[decl.name] = numpy_of(t, decl.dtype)
         return feed
 
