@@ -90,6 +90,7 @@ class ActFunc(TextEnum):
     RINT = 33       # round to nearest integer, ties to even
     SIGN = 34       # 1, -1, or +0 for +-0 and NaN
     ERFINV = 35
+    ERFCX = 36      # e^(x^2) erfc(x)
 
 
 class ReduceOp(TextEnum):

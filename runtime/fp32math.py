@@ -216,6 +216,7 @@ ACT_FUNCS: dict[ActFunc, Callable] = {
     ActFunc.RINT: fp32round.rint,
     ActFunc.SIGN: fp32round.sign,
     ActFunc.ERFINV: fp32special.erfinv,
+    ActFunc.ERFCX: fp32special.erfcx,
 }
 
 ALU_OPS: dict[AluOp, Callable] = {

@@ -55,6 +55,7 @@ UNARY = {
     "acosh": torch.acosh, "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "exp2": torch.exp2,
     "log2": torch.log2, "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc,
     "rint": torch.round, "sign": torch.sign, "erfinv": torch.erfinv,
+    "erfcx": torch.special.erfcx,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

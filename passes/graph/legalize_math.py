@@ -53,6 +53,7 @@ def _rounding(func: str):
 
 for _name, _f in FUNCS.items():
     pm_legalize[f"aten.{_name}.default"] = _func(_f)
+pm_legalize["aten.special_erfcx.default"] = _func("erfcx")
 for _name, _f in ROUNDING.items():
     pm_legalize[f"aten.{_name}.default"] = _rounding(_f)
 for _name, _f in SIGN.items():
@@ -184,3 +185,21 @@ def _angle(rw: Rewriter, n, a):
     turn = rw.where(rw.scalar(x, "lt", 0), rw.filled(math.pi, x.shape, FP32), rw.filled(0.0, x.shape, FP32), FP32)
     return rw.where(rw.binary("ne", x, x), x, turn) if rw.arg_dtypes[0].is_floating_point else rw.cast(turn, n.dtype)
 
+
+
+@rule("aten.special_log_ndtr.default")
+def _log_ndtr(rw: Rewriter, n, a):
+    """log of the normal CDF as torch's kernel, with t = x sqrt(1/2): log(erfcx(-t) / 2) - t^2 below x = -1, else
+    log1p(-erfc(t) / 2), log1p(y) as log(u) - ((u - 1) - y) / u with u = 1 + y (u - 1 exact for y >= -1/2; below,
+    log(u) alone)."""
+    _float_input(rw, n, "log_ndtr")
+    x = a["input"]
+    t = rw.scalar(x, "mul", math.sqrt(0.5), dtype=FP32)
+    left = rw.binary("sub", rw.unary(rw.scalar(rw.unary(rw.unary(t, "neg", FP32), "erfcx", FP32), "mul", 0.5,
+                                               dtype=FP32), "log", FP32), rw.unary(t, "square", FP32), FP32)
+    y = rw.scalar(rw.unary(t, "erfc", FP32), "mul", -0.5, dtype=FP32)
+    u = rw.scalar(y, "add", 1, dtype=FP32)
+    error = rw.binary("div", rw.binary("sub", rw.scalar(u, "sub", 1, dtype=FP32), y, FP32), u, FP32)
+    log_u = rw.unary(u, "log", FP32)
+    right = rw.where(rw.scalar(y, "lt", -0.5), log_u, rw.binary("sub", log_u, error, FP32), FP32)
+    return rw.where(rw.scalar(x, "lt", -1), left, right)

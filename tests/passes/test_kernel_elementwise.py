@@ -82,6 +82,7 @@ TORCH_UNARY = {
     "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "exp2": torch.exp2, "log2": torch.log2,
     "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
     "sign": torch.sign, "erfinv": torch.erfinv,
+    "erfcx": torch.special.erfcx,
 }
 DOMAIN = {"log": np.abs, "sqrt": np.abs, "rsqrt": np.abs, "log2": np.abs, "log10": np.abs,   # then + 0.01
           "acosh": lambda v: np.abs(v) + 0.99, "asin": np.tanh, "acos": np.tanh, "atanh": np.tanh,

@@ -84,6 +84,8 @@ SWEEPS = {
                    3.0),
     ActFunc.ERFINV: (erfinv64, lambda: np.concatenate([lin(-1, 1), pow2s(-149, 0),
                                                        (1 - np.exp2(-np.linspace(1, 24, 200_001))).astype(F)]), 2.5),
+    ActFunc.ERFCX: (lambda x: torch.special.erfcx(torch.from_numpy(x)).numpy(),
+                    lambda: np.concatenate([lin(-10, 30), pow2s(-149, 127.99)]), 2.5),
     ActFunc.EXP2: (np.exp2, lambda: np.concatenate([lin(-151, 129), pow2s(-149, 8)]), 1.0),
     ActFunc.LOG2: (np.log2, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
     ActFunc.LOG10: (np.log10, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
@@ -202,6 +204,7 @@ SPECIALS = {   # x -> f(x), exact; -0.0 and +0.0 are distinct
                     (10.0, 1.0), (1000.0, 3.0)],
     ActFunc.ERFINV: [(0.0, 0.0), (-0.0, -0.0), (1.0, INF), (-1.0, -INF), (1.0000001, NAN), (INF, NAN), (NAN, NAN),
                      (1e-45, 1e-45)],
+    ActFunc.ERFCX: [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, INF), (NAN, NAN), (-9.5, INF), (1e-45, 1.0)],
     # runtime/fp32round.py: exact, ties to even, the sign of x kept on zero results
     ActFunc.FLOOR: [(-0.5, -1.0), (0.5, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (-1e-45, -1.0),
                     (2.5, 2.0), (8388609.0, 8388609.0), (-8388607.5, -8388608.0)],
