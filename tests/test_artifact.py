@@ -148,7 +148,8 @@ def test_header_fields(models):
                                                                 "target": "trn2", "fp8_format": "e4m3",
                                                                 "fp8_scaling": "dynamic", "mx_scale": "floor",
                                                                 "emulate": False, "keep_precision": {},
-                                                                "rounding": "nearest", "seed": 0}
+                                                                "rounding": "nearest", "seed": 0,
+                                                                    "attention_precision": "auto"}
     assert [(i["name"], i["shape"], i["dtype"], i["torch_dtype"]) for i in header["inputs"]] == [
         (d.name, list(d.shape), d.dtype.text, t) for d, t in zip(compiled.inputs, ("int64", "float32"))]
     assert [o["torch_dtype"] for o in header["outputs"]] == ["float32", "float32", "bool"]
@@ -223,7 +224,7 @@ def test_wrong_magic_and_bare_program(models, tmp_path):
     _rejects(tmp_path, _parts(models)[1]["program"], "bare program", "trnc disasm")
 
 
-@pytest.mark.parametrize("version,words", [(2, ("format version 2", "older")), (4, ("format version 4", "newer"))])
+@pytest.mark.parametrize("version,words", [(3, ("format version 3", "older")), (5, ("format version 5", "newer"))])
 def test_wrong_format_version(models, tmp_path, version, words):
     _rejects(tmp_path, _set_prefix(models["mlp"][2].read_bytes(), 1, version), *words)
 

@@ -12,7 +12,7 @@ def test_defaults_follow_the_precision_and_the_default_target():
     assert Options("bf16").auto_cast == "matmult"
     assert Options("bf16", "all", "trn1").low_dtype is DType.BF16
     assert OPTION_NAMES == ("precision", "auto_cast", "target", "fp8_format", "fp8_scaling", "mx_scale", "emulate",
-                            "keep_precision", "rounding", "seed")
+                            "keep_precision", "rounding", "seed", "attention_precision")
 
 
 @pytest.mark.parametrize("values,message", [

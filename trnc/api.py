@@ -38,7 +38,8 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
             fp8_scaling: str = Options.fp8_scaling, mx_scale: str = Options.mx_scale,
             emulate: bool = Options.emulate, keep_precision: dict | None = None,
             rounding: str = Options.rounding, seed: int = Options.seed,
-            example_kwargs: dict | None = None, print_after=(), verify: bool = True,
+            attention_precision: str = Options.attention_precision, example_kwargs: dict | None = None,
+            print_after=(), verify: bool = True,
             cache: bool = True) -> "CompiledModel":
     """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
 
@@ -53,13 +54,14 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
     the layers whose matmuls keep that precision, e.g. {"lm_head": "bf16", "*.attn.*": "bf16"}; rounding:
     "nearest" (even) or "stochastic" for the values the engines write in bf16, fp16 or fp8 (elementwise kernels'
     and matmul and convolution evacuations' results; norms, softmax, attention and DMA conversions round to
-    nearest), reproducible from `seed`.
+    nearest), reproducible from `seed`. attention_precision: "auto" (attention's two matmuls follow auto_cast:
+    bf16 under the scaled precisions), "fp32", "bf16" or "fp16".
     cache: reuse and fill the compile cache on disk (trnc/compile_cache.py); False, TRNC_CACHE=0 or a
     print_after request (the passes must run to print) compile without it. stats["cache"] says "hit",
     "miss" or "off"; stats["compile_seconds"] is the time of this call. trnc/options.py checks the values.
     """
     options = Options(precision, auto_cast, target, fp8_format, fp8_scaling, mx_scale, emulate,
-                      dict(keep_precision or {}), rounding, seed)
+                      dict(keep_precision or {}), rounding, seed, attention_precision)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     start = time.perf_counter()

@@ -43,7 +43,8 @@ from trnc.options import OPTION_NAMES, Options
 from trnc.pytree_spec import SpecError, Unregistered, check_spec_nodes
 
 MAGIC = b"TRNCART\0"
-FORMAT_VERSION = 3   # 3: options fp8_format, fp8_scaling, emulate
+FORMAT_VERSION = 4   # 3: options fp8_format, fp8_scaling, emulate; 4: keep_precision, rounding, seed,
+                     # attention_precision
 PREFIX = struct.Struct("<8sIII32s")   # magic, format version, ISA encoding version, header length, header sha256
 ALIGN = 64                            # section offsets are multiples of this: constants are used in place, aligned
 MAX_HEADER_BYTES = 16 * 2**20

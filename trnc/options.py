@@ -30,6 +30,8 @@ AUTO_CAST = ("none", "matmult", "all")
 KEPT_PRECISIONS = ("fp32", "bf16", "fp16")
 # how the engines round the values they write in bf16, fp16 or fp8 (passes/tile/kernels/engines.py write)
 ROUNDINGS = {"nearest": Rounding.RNE, "stochastic": Rounding.SR}
+# what attention's two matmuls compute in: "auto" follows auto_cast (bf16 under the scaled precisions)
+ATTENTION_PRECISIONS = ("auto", *KEPT_PRECISIONS)
 
 
 def _check(name: str, value, allowed) -> None:
@@ -44,7 +46,8 @@ class Options:
     unless `emulate` asks for it at bf16 speed. keep_precision maps glob patterns over nn.Module paths to the
     precision those layers' matmuls keep (fp32, bf16, fp16): the scaled formats leave them alone, and their
     operands are in that dtype. rounding="stochastic" rounds the values the engines write in bf16, fp16 or fp8
-    stochastically, from `seed` (passes/tile/kernels/engines.py write)."""
+    stochastically, from `seed` (passes/tile/kernels/engines.py write). attention_precision sets the dtype of
+    attention's two matmuls (fp32, bf16, fp16); "auto" lets them follow auto_cast, as every other matmul."""
 
     precision: str = "fp32"
     auto_cast: str | None = None
@@ -56,6 +59,7 @@ class Options:
     keep_precision: dict = field(default_factory=dict)
     rounding: str = "nearest"
     seed: int = 0
+    attention_precision: str = "auto"
 
     def __post_init__(self):
         _check("precision", self.precision, tuple(PRECISIONS))
@@ -75,6 +79,7 @@ class Options:
         for pattern, kept in self.keep_precision.items():
             _check(f"keep_precision[{pattern!r}]", kept, KEPT_PRECISIONS)
         _check("rounding", self.rounding, tuple(ROUNDINGS))
+        _check("attention_precision", self.attention_precision, ATTENTION_PRECISIONS)
         if type(self.seed) is not int or not 0 <= self.seed < 2 ** 32:
             raise TrncError(f"seed={self.seed!r} is not allowed; give an int in [0, 2^32)")
         if self.precision in ("mxfp8", "mxfp4") and not TARGETS[self.target].mx:
@@ -100,6 +105,11 @@ class Options:
             if module and fnmatch.fnmatchcase(module, pattern):
                 return PRECISIONS[kept]
         return None
+
+    @property
+    def attention_dtype(self) -> DType | None:
+        """The dtype attention_precision names for attention's matmuls, or None ("auto")."""
+        return None if self.attention_precision == "auto" else PRECISIONS[self.attention_precision]
 
     @property
     def fp8_dtype(self) -> DType | None:

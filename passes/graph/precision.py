@@ -23,8 +23,10 @@ from trnc.runtime.convert import from_fp32, to_fp32
 CONTRACT_KINDS = frozenset(k.name for k in KINDS.values() if k.contraction)   # matmul, attention
 
 
-def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda module: None) -> dict:
-    """`kept`: the dtype a node's nn.Module keeps its matmuls in (Options.kept_dtype), or None."""
+def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda module: None,
+                    attention: DType | None = None) -> dict:
+    """`kept`: the dtype a node's nn.Module keeps its matmuls in (Options.kept_dtype), or None; `attention`: the
+    dtype of attention kernels' matmuls (Options.attention_dtype), or None to follow auto_cast."""
     narrow = auto_cast != "none" and low is not DType.FP32
     contract_operands: set[ir.Node] = set()
     for k in graph.kernels:
@@ -36,6 +38,8 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda mod
             _operand_dtype(first) if k.kind in CONTRACT_KINDS else None)
         if k.kind in CONTRACT_KINDS and not quantized and kept(first.module) is not None:
             k.compute_dtype = kept(first.module)
+        elif k.kind == "attention" and attention is not None:
+            k.compute_dtype = attention
         elif first.attrs.get("keep_fp32"):   # a sum legalize writes as a matmul (cumsum): eager's is not narrowed
             k.compute_dtype = first.inputs[0].dtype
         elif k.kind in CONTRACT_KINDS:
@@ -95,4 +99,4 @@ class Precision:
 
     def run(self, state) -> dict:
         return apply_precision(state.graph, state.options.low_dtype, state.options.auto_cast,
-                               state.options.kept_dtype)
+                               state.options.kept_dtype, state.options.attention_dtype)

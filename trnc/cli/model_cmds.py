@@ -23,7 +23,7 @@ from trnc.errors import TrncError
 from trnc.log import debug_enabled
 from trnc.isa.ap import Engine
 from trnc.isa.config import TARGETS
-from trnc.options import FP8_FORMATS, FP8_SCALING, MX_SCALES, PRECISIONS, ROUNDINGS, Options
+from trnc.options import ATTENTION_PRECISIONS, FP8_FORMATS, FP8_SCALING, MX_SCALES, PRECISIONS, ROUNDINGS, Options
 
 DEFINES = ("in it, define `model` and `example_inputs` at module level, or a function returning (model, "
            "example_inputs) and give its name as FILE.py:NAME")
@@ -189,7 +189,8 @@ def drive_compile(args) -> int:
                                    auto_cast=args.auto_cast, fp8_format=args.fp8_format,
                                    fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
                                    keep_precision=_kept(args.keep_precision), rounding=args.rounding,
-                                   seed=args.seed, print_after=print_after)
+                                   seed=args.seed, attention_precision=args.attention_precision,
+                                   print_after=print_after)
         out = Path(args.output) if args.output else source.with_suffix(".trnc")
         compiled.save(out)
     report = None
@@ -200,7 +201,7 @@ def drive_compile(args) -> int:
                                      auto_cast=args.auto_cast, fp8_format=args.fp8_format,
                                      fp8_scaling=args.fp8_scaling, mx_scale=args.mx_scale, emulate=args.emulate,
                                      keep_precision=_kept(args.keep_precision), rounding=args.rounding,
-                                     seed=args.seed)
+                                     seed=args.seed, attention_precision=args.attention_precision)
     if args.json:
         stats = dict(compiled.stats, **({"numerics": report.to_dict()} if report else {}))
         print(json.dumps(stats, indent=2, sort_keys=True))
@@ -234,6 +235,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--keep-precision", action="append", metavar="PATTERN=PRECISION",
                    help="keep the matmuls of the modules matching a glob over their path in fp32, bf16 or fp16, "
                         "e.g. 'lm_head=bf16' or '*.attn.*=bf16'. Repeatable.")
+    p.add_argument("--attention-precision", default=Options.attention_precision, choices=ATTENTION_PRECISIONS,
+                   help="what attention's two matmuls compute in; auto follows --auto-cast (bf16 under fp8 and MX). "
+                        "Defaults to auto.")
     p.add_argument("--rounding", default=Options.rounding, choices=tuple(ROUNDINGS),
                    help="how values written in bf16, fp16 or fp8 round. Defaults to nearest (even).")
     p.add_argument("--seed", type=int, default=Options.seed, help="the seed of stochastic rounding. Defaults to 0.")
