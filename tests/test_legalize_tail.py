@@ -214,3 +214,39 @@ def test_gather_and_the_losses_on_it_match_eager():
     for g, r in zip(compiled(fn, logits, target)(logits, target), fn(logits, target)):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
 
+
+def test_copy_views_signbit_and_search_match_eager_exactly():
+    """The _copy forms of views; signbit of signed zeros and infinities; bucketize and searchsorted (counts of
+    boundaries, so ties, both sides, a NaN value, n-d rows and a sorter)."""
+    torch.manual_seed(1612)
+    x = torch.randn(4, 5, 6)
+    x[0, 0, :4] = torch.tensor([0.0, -0.0, math.inf, -math.inf])
+    b = torch.tensor([1.0, 2.0, 2.0, 3.0])
+    v = torch.tensor([math.nan, 0.0, 2.0, 2.5, 5.0, math.inf, -math.inf, 1.0])
+    rows, row_values = torch.sort(torch.randn(3, 5)).values, torch.randn(3, 4)
+    fn = lambda x, b, v, rows, row_values: (   # noqa: E731
+        torch.permute_copy(x, (2, 0, 1)), torch.view_copy(x, (20, 6)), *torch.unbind_copy(x, 1),
+        torch.transpose_copy(x, 0, 2), torch.signbit(x), torch.bucketize(v, b), torch.bucketize(v, b, right=True),
+        torch.bucketize(v, b, out_int32=True), torch.searchsorted(b, v, side="right"),
+        torch.searchsorted(rows, row_values), torch.searchsorted(b[[3, 0, 2, 1]], v, sorter=torch.tensor([1, 3, 2, 0])))
+    equal_to_eager(fn, x, b, v, rows, row_values)
+
+
+def test_prod_and_pdist_match_float64():
+    """prod as log2(n) pairwise products (n <= 90 factors of magnitude near 1: each of its log2(n) + 1 roundings
+    is 2^-24, far within 2^-17), pdist as the norms of gathered row differences."""
+    torch.manual_seed(1613)
+    x = 1 + 0.1 * torch.randn(3, 5, 6)
+    close_to_float64(lambda x: (torch.prod(x), torch.prod(x, 1), torch.prod(x, -1, keepdim=True),
+                                F.pdist(x[0]), F.pdist(x[1], 1), F.pdist(x[2], math.inf)), x)
+
+
+def test_fmax_and_fmin_skip_nan_operands():
+    """A NaN operand gives the other one, two NaNs NaN; integers as max and min. (Of -0.0 and 0.0 the ALU's max
+    gives 0.0 where torch's fmax gives its first operand, as for maximum: not compared here.)"""
+    a = torch.tensor([math.nan, 1.0, math.nan, -2.0, 2.0, -math.inf])
+    b = torch.tensor([1.0, math.nan, math.nan, 0.5, 3.0, 5.0])
+    ints = torch.tensor([1, 5, -3], dtype=torch.int32)
+    equal_to_eager(lambda a, b, i: (torch.fmax(a, b), torch.fmin(a, b), torch.fmax(a, b[:1]), torch.fmin(i, i.flip(0))),
+                   a, b, ints)
+

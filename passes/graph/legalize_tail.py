@@ -126,6 +126,27 @@ def _copysign(rw: Rewriter, n, a):
     return rw.where(negative, rw.unary(magnitude, "neg", FP32), magnitude, n.dtype)
 
 
+@rule("aten.signbit.default")
+def _signbit(rw: Rewriter, n, a):
+    """x < 0, and -0.0 too, read as copysign reads a sign: min(x, 1 / x) < 0 (a NaN counts as positive)."""
+    x = a["input"]
+    if not rw.arg_dtypes[0].is_floating_point:
+        return rw.scalar(x, "lt", 0)
+    return rw.scalar(rw.binary("min", x, rw.scalar(x, "div", 1, reverse=True, dtype=FP32), FP32), "lt", 0)
+
+
+@rule("aten.fmax.default", "aten.fmin.default")
+def _fmax(rw: Rewriter, n, a):
+    """max or min ignoring a NaN operand (NaN only if both are): the ALU's max and min propagate NaN, so a NaN
+    operand selects the other one (a NaN is the value unequal to itself)."""
+    x, y = a["input"], a["other"]
+    op = "max" if n.op == "aten.fmax.default" else "min"
+    if not n.dtype.is_float:
+        return rw.binary(op, x, y)
+    both = rw.binary(op, x, y, FP32)
+    return rw.where(rw.binary("ne", x, x), y, rw.where(rw.binary("ne", y, y), x, both, FP32), n.dtype)
+
+
 @rule("aten.heaviside.default", whole=True)
 def _heaviside(rw: Rewriter, n, a):
     """`values` where x == 0, else x > 0 (NaN gives 0, as torch's kernel); torch's decomposition asks isnan."""
@@ -142,6 +163,69 @@ def _narrow_copy(rw: Rewriter, n, a):
     dim = dim_of(a["dim"], len(x.shape))
     start = a["start"] + x.shape[dim] if a["start"] < 0 else a["start"]
     return rw.slice(x, dim, start, start + a["length"])
+
+
+COPY_VIEWS = ("alias_copy.default", "as_strided_copy.default", "expand_copy.default", "permute_copy.default",
+              "split_with_sizes_copy.default", "squeeze_copy.default", "squeeze_copy.dim", "squeeze_copy.dims",
+              "t_copy.default", "transpose_copy.int", "unsqueeze_copy.default", "view_copy.default")
+
+
+def _as_view(view: str):
+    def lower(rw: Rewriter, n, a):
+        """The view's own rule (the `_copy` op has its schema; an IR value is never an alias)."""
+        return base.pm_legalize[view](rw, n, a)
+    return lower
+
+
+for _op in COPY_VIEWS:
+    base_rules = f"aten.{_op.replace('_copy.', '.')}"
+    rule(f"aten.{_op}")(_as_view(base_rules))
+
+
+@rule("aten.unbind_copy.int")
+def _unbind_copy(rw: Rewriter, n, a):
+    x = a["input"]
+    dim = dim_of(a["dim"], len(x.shape))
+    return [rw.reshape(rw.slice(x, dim, i, i + 1), shape) for i, (shape, _) in enumerate(n.attrs["outputs"])]
+
+
+@rule("aten.prod.default", "aten.prod.dim_int")
+def _prod(rw: Rewriter, n, a):
+    """The product over the reduced dims, merged into one last axis: log2(n) steps each multiplying the first
+    half by the second (an odd last element carried), in fp32 (the machine has no product reduction). The order
+    differs from torch's, so an intermediate may overflow where torch's does not or the reverse (a product of
+    huge and tiny values); a float result only (integer products exceed fp32's exact range)."""
+    x = a["input"]
+    if not n.dtype.is_float:
+        rw.fail(f"with result dtype {n.dtype.text} is not supported: the machine multiplies in fp32")
+    rank = len(x.shape)
+    axes = dims_of(a.get("dim"), rank)
+    if any(x.shape[d] == 0 for d in axes):
+        return rw.filled(1.0, n.shape, n.dtype)
+    if not axes:   # a 0-d tensor
+        return rw.cast(x, n.dtype)
+    kept = [d for d in range(rank) if d not in axes]
+    merged = rw.reshape(rw.permute(x, kept + list(axes)),
+                        tuple(x.shape[d] for d in kept) + (math.prod(x.shape[d] for d in axes),))
+    last = len(merged.shape) - 1
+    while merged.shape[last] > 1:
+        size = merged.shape[last]
+        half = size // 2
+        paired = rw.binary("mul", rw.slice(merged, last, 0, half), rw.slice(merged, last, half, 2 * half), FP32)
+        merged = rw.cat([paired, rw.slice(merged, last, 2 * half, size)], last, FP32) if size % 2 else paired
+    return base._keep_fp32_inside(rw.reshape(rw.cast(merged, n.dtype), n.shape), x)
+
+
+@rule("aten._pdist_forward.default")
+def _pdist(rw: Rewriter, n, a):
+    """p-norms of the differences of rows i < j, in torch's row-major order: the two rows of each pair gathered
+    by constant indices, their difference normed over the last axis."""
+    _float_result(rw, n)
+    x = a["input"]
+    first, second = torch.triu_indices(x.shape[0], x.shape[0], 1)
+    diff = rw.binary("sub", base._take(rw, x, 0, rw.const(first, DType.INT32)),
+                     base._take(rw, x, 0, rw.const(second, DType.INT32)), FP32)
+    return _norm(rw, diff, float(a["p"]), (1,), False, n.dtype)
 
 
 def _diagonal_view(rw: Rewriter, x: ir.Node, offset: int, dim1: int, dim2: int):
@@ -298,19 +382,18 @@ def _repeat_interleave_index(rw: Rewriter, n, a):
 
 
 # -- gathers -----------------------------------------------------------------------------------------------
-@rule("aten.gather.default")
-def _gather(rw: Rewriter, n, a):
-    """out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`: one gather of single elements of the
-    flattened x by a flat index, index * stride(dim) plus a constant of the other coordinates' offsets (int32
-    index math, exact in fp32 below 2^24 elements; torch rejects negative indices, the gather faults on them)."""
-    x, index = a["input"], a["index"]
+def _gather_along(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node) -> ir.Node:
+    """x[..., index[..., j, ...], ...] along `dim` (torch.gather): one gather of single elements of the flattened x
+    by a flat index, index * stride(dim) plus a constant of the other coordinates' offsets (int32 index math,
+    exact in fp32 below 2^24 elements; torch rejects negative indices, the gather faults on them)."""
+    out_shape = index.shape
     if not x.shape:
         x, index = rw.reshape(x, (1,)), rw.reshape(index, (1,))
     rank, numel = len(x.shape), math.prod(x.shape)
     if numel > 1 << 24:
         rw.fail(f"of a tensor of {numel} elements is not supported: its flat index would pass 2^24, where the "
                 "index math (in fp32) is no longer exact")
-    dim = dim_of(a["dim"], rank)
+    dim = dim_of(dim, rank)
     strides = [math.prod(x.shape[d + 1:]) for d in range(rank)]
     offsets = sum(torch.arange(size).reshape([-1 if d == k else 1 for k in range(rank)]) * strides[d]
                   for d, size in enumerate(index.shape) if d != dim)
@@ -318,4 +401,33 @@ def _gather(rw: Rewriter, n, a):
     if rank > 1:
         flat = rw.binary("add", flat, rw.const(torch.as_tensor(offsets).expand(index.shape), DType.INT32),
                          DType.INT32, index_bound=numel)
-    return rw.reshape(base._take(rw, rw.reshape(x, (numel,)), 0, flat), n.shape)
+    return rw.reshape(base._take(rw, rw.reshape(x, (numel,)), 0, flat), out_shape)
+
+
+@rule("aten.gather.default")
+def _gather(rw: Rewriter, n, a):
+    return _gather_along(rw, a["input"], a["dim"], a["index"])
+
+
+@rule("aten.searchsorted.Tensor", "aten.searchsorted.Scalar", "aten.bucketize.Tensor", "aten.bucketize.Scalar")
+def _search(rw: Rewriter, n, a):
+    """The insertion points of values in sorted rows: the count of boundaries b with not(x <= b) (not(x < b) with
+    right=True), as torch's binary search tests them, so a NaN value goes after every boundary; one broadcast
+    compare and a sum over the boundaries (exact in fp32). In a sorted row that is the search's answer; a NaN
+    boundary counts as below every value here, where torch's search counts it only when it reaches it (for values
+    beyond the finite boundaries). `sorter` first sorts the rows by a gather."""
+    bucketize = n.op.startswith("aten.bucketize")
+    seq = a["boundaries"] if bucketize else a["sorted_sequence"]
+    values = a["input"]
+    if not isinstance(values, ir.Node):
+        values = rw.scalar_const(float(values), FP32)
+    if not bucketize and a["sorter"] is not None:
+        seq = _gather_along(rw, seq, -1, a["sorter"])
+    right = a["right"] or (not bucketize and a["side"] == "right")
+    count = seq.shape[-1]
+    column = rw.reshape(values, values.shape + (1,))
+    rows = seq if len(seq.shape) == 1 else rw.reshape(seq, seq.shape[:-1] + (1, count))   # an n-d row per value row
+    at_or_above = rw.binary("lt" if right else "le", column, rows)
+    total = rw.reduce(rw.cast(at_or_above, FP32), "sum", (len(at_or_above.shape) - 1,), False, FP32)
+    below = rw.scalar(total, "sub", count, reverse=True, dtype=FP32)
+    return rw.reshape(rw.emit("cast", (below,), below.shape, n.dtype, integral=True), n.shape)   # a whole count
