@@ -118,7 +118,8 @@ def test_matmul_helpers_match_float64():
     x, y, w, bias = torch.randn(3, 4), torch.randn(3, 5), torch.randn(6, 4, 5), torch.randn(6)
     fn = lambda i, m, v, c, b1, b2, x, y, w, bias: (   # noqa: E731
         torch.addmv(i, m, v), torch.addmv(i[:1], m, v, beta=0.5, alpha=2.0), torch.addbmm(c, b1, b2),
-        torch.addbmm(c[0], b1, b2, beta=0.25, alpha=1.5), F.bilinear(x, y, w, bias), F.bilinear(x, y, w))
+        torch.addbmm(c[0], b1, b2, beta=0.25, alpha=1.5), F.bilinear(x, y, w, bias), F.bilinear(x, y, w),
+        torch.ops.aten._trilinear(x, x, x, [], [], [], []))   # no sumdim: the products, summed over nothing
     xs = (i, m, v, c, b1, b2, x, y, w, bias)
     got, exact = compiled(fn, *xs)(*xs), fn(*(t.double() for t in xs))
     for k, (g, e, size) in enumerate(zip(got, exact, fn(*(t.double().abs() for t in xs)))):

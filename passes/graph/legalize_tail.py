@@ -357,9 +357,8 @@ def _trilinear(rw: Rewriter, n, a):
             shape.insert(d, 1)
         factors.append(rw.reshape(x, shape))
     product = rw.binary("mul", rw.binary("mul", factors[0], factors[1], FP32), factors[2], FP32)
-    rank = len(product.shape)
-    return base._keep_fp32_inside(rw.reduce(product, "sum", dims_of(list(a["sumdim"]), rank), False, n.dtype),
-                                  product)
+    axes = tuple(dim_of(d, len(product.shape)) for d in a["sumdim"])   # none: no sum (not dims_of's "all")
+    return base._keep_fp32_inside(rw.reduce(product, "sum", axes, False, n.dtype), product)
 
 
 @rule("aten.repeat_interleave.Tensor")
