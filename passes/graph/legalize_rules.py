@@ -24,7 +24,8 @@ from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matm
 from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math function rules)
 from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
-from trnc.passes.graph.legalize_table import Unusable, dim_of, dims_of, pm_legalize, pm_whole, rule
+from trnc.passes.graph.legalize_table import (Unusable, dim_of, dims_of, index_tensor, keep_fp32_inside, pm_legalize,
+                                              pm_whole, rule, take)
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -240,22 +241,6 @@ def _var(rw: Rewriter, x, axes, correction, keepdim, dtype):
     return rw.scalar(total, "mul", scale, dtype=dtype)
 
 
-def _keep_fp32_inside(result: ir.Node, start: ir.Node) -> ir.Node:
-    """Mark the fp32 nodes between `start` and `result` (both left out) `keep_fp32`: one torch op's intermediates,
-    which auto_cast "all" would otherwise store in the low dtype, rounding where torch does not (the mean of a
-    std over one fp16 value rounded to bf16 made x - mean nonzero; a mean rounded its sum, then the quotient)."""
-    stack, seen = list(result.inputs), {start}
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.dtype is DType.FP32:
-            n.attrs["keep_fp32"] = True
-        stack.extend(n.inputs)
-    return result
-
-
 def _correction(a) -> float:
     if a.get("correction") is not None:
         return a["correction"]
@@ -271,7 +256,7 @@ def _sum(rw: Rewriter, n, a):
 @rule("aten.mean.dim", "aten.mean.default")
 def _mean_rule(rw: Rewriter, n, a):
     x = a["input"]
-    return _keep_fp32_inside(_mean(rw, x, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype), x)
+    return keep_fp32_inside(_mean(rw, x, dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False), n.dtype), x)
 
 
 @rule("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
@@ -286,15 +271,15 @@ def _extreme(rw: Rewriter, n, a):
 def _var_rule(rw: Rewriter, n, a):
     x = a["input"]
     var = _var(rw, x, dims_of(a.get("dim"), len(x.shape)), _correction(a), a.get("keepdim", False), _acc(n.dtype))
-    return _keep_fp32_inside(rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype), x)
+    return keep_fp32_inside(rw.unary(var, "sqrt") if n.op.startswith("aten.std") else rw.cast(var, n.dtype), x)
 
 
 @rule("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default")
 def _var_mean(rw: Rewriter, n, a):
     x = a["input"]
     axes, keepdim = dims_of(a.get("dim"), len(x.shape)), a.get("keepdim", False)
-    return [_keep_fp32_inside(_var(rw, x, axes, _correction(a), keepdim, n.dtype), x),
-            _keep_fp32_inside(_mean(rw, x, axes, keepdim, n.dtype), x)]
+    return [keep_fp32_inside(_var(rw, x, axes, _correction(a), keepdim, n.dtype), x),
+            keep_fp32_inside(_mean(rw, x, axes, keepdim, n.dtype), x)]
 
 
 @rule("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")
@@ -459,52 +444,17 @@ def _split(rw: Rewriter, n, a):
 
 
 # -- gathers --------------------------------------------------------------------------------------------------
-def _index_tensor(rw: Rewriter, index: ir.Node, size: int, wrap: bool) -> ir.Node:
-    """An int32 index. `wrap`: negative indices count from the end, as tensor indexing (x[i], take) does in torch;
-    else they stay negative, and the gather faults on them as embedding and index_select raise in torch."""
-    if index.op == "const":
-        value = rw.torch_value(index, torch.int64)
-        return rw.const(torch.where(value < 0, value + size, value) if wrap else value, DType.INT32)
-    index = rw.cast(index, DType.INT32)
-    if not wrap:
-        return index
-    wrapped = rw.scalar(index, "add", size, dtype=DType.INT32, index_bound=size)
-    return rw.where(rw.scalar(index, "lt", 0), wrapped, index, DType.INT32)
-
-
-def _exact_in_fp32(rw: Rewriter, x: ir.Node) -> bool:
-    return x.op == "const" and bool((rw.torch_value(x, torch.int64).abs() <= 2 ** 24).all())
-
-
-def _take(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node, wrap: bool = False) -> ir.Node:
-    """x with axis `dim` replaced by the axes of `index` (x.index_select generalized): one row gather."""
-    rank = len(x.shape)
-    rows = rw.permute(x, (dim,) + tuple(d for d in range(rank) if d != dim))
-    rest = rows.shape[1:]
-    table = rw.reshape(rows, (rows.shape[0], math.prod(rest)))
-    if not table.dtype.is_float:   # gather tables are float: 8-bit values, and int32 up to 2^24, convert exactly
-        if table.dtype is DType.INT32 and not _exact_in_fp32(rw, x):
-            rw.fail("is not supported on an int32 tensor unless it is a constant of values within +-2^24 "
-                    "(the row gather moves float rows)")
-        table = rw.cast(table, DType.FP32)
-    index = _index_tensor(rw, index, x.shape[dim], wrap)
-    gathered = rw.emit("gather", (table, index), index.shape + table.shape[1:], table.dtype)
-    out = rw.cast(rw.reshape(gathered, index.shape + rest), x.dtype)
-    b = len(index.shape)
-    return rw.permute(out, tuple(range(b, b + dim)) + tuple(range(b)) + tuple(range(b + dim, b + len(rest))))
-
-
 @rule("aten.embedding.default")
 def _embedding(rw: Rewriter, n, a):
-    return _take(rw, a["weight"], 0, a["indices"])
+    return take(rw, a["weight"], 0, a["indices"])
 
 
 @rule("aten.index_select.default")
 def _index_select(rw: Rewriter, n, a):
     x = a["input"]
     if not x.shape:   # torch indexes a 0-d tensor as the one element of a 1-d one
-        return rw.reshape(_take(rw, rw.reshape(x, (1,)), 0, a["index"]), n.shape)
-    return _take(rw, x, dim_of(a["dim"], len(x.shape)), a["index"])
+        return rw.reshape(take(rw, rw.reshape(x, (1,)), 0, a["index"]), n.shape)
+    return take(rw, x, dim_of(a["dim"], len(x.shape)), a["index"])
 
 
 @rule("aten.index.Tensor")
@@ -523,8 +473,8 @@ def _index(rw: Rewriter, n, a):
     merged = rw.reshape(x, x.shape[:first] + (math.prod(sizes),) + x.shape[first + len(dims):])
     flat, stride, bound = None, 1, math.prod(sizes)
     for index, size in reversed(list(zip(tensors, sizes))):
-        index = _index_tensor(rw, index, size, wrap=True)
+        index = index_tensor(rw, index, size, wrap=True)
         term = index if stride == 1 else rw.scalar(index, "mul", stride, dtype=DType.INT32, index_bound=bound)
         flat = term if flat is None else rw.binary("add", flat, term, DType.INT32, index_bound=bound)
         stride *= size
-    return _take(rw, merged, first, flat)
+    return take(rw, merged, first, flat)

@@ -1,10 +1,20 @@
 """legalize's rule table: `rule` registers a rule for aten ops in `pm_legalize`; the rule modules
-(passes/graph/legalize_rules.py and the ones it imports) fill it. Shared by them: the axis helpers.
+(passes/graph/legalize_rules.py and the ones it imports) fill it. Shared by them: the axis helpers, the
+keep_fp32 marking of one op's intermediates and the row gather.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from trnc import ir
+from trnc.isa.dtypes import DType
+
+if TYPE_CHECKING:
+    from trnc.passes.graph.legalize import Rewriter
 
 COMPARE_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor"})
 pm_legalize: dict[str, Callable] = {}
@@ -43,3 +53,55 @@ def dims_of(dims, rank: int) -> tuple[int, ...]:
         return tuple(range(rank))
     dims = dims if isinstance(dims, (list, tuple)) else [dims]
     return tuple(sorted({dim_of(d, rank) for d in dims}))
+
+
+# -- helpers several rule modules share ------------------------------------------------------------------
+def keep_fp32_inside(result: ir.Node, start: ir.Node) -> ir.Node:
+    """Mark the fp32 nodes between `start` and `result` (both left out) `keep_fp32`: one torch op's intermediates,
+    which auto_cast "all" would otherwise store in the low dtype, rounding where torch does not (the mean of a
+    std over one fp16 value rounded to bf16 made x - mean nonzero; a mean rounded its sum, then the quotient)."""
+    stack, seen = list(result.inputs), {start}
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.dtype is DType.FP32:
+            n.attrs["keep_fp32"] = True
+        stack.extend(n.inputs)
+    return result
+
+
+def index_tensor(rw: Rewriter, index: ir.Node, size: int, wrap: bool) -> ir.Node:
+    """An int32 index. `wrap`: negative indices count from the end, as tensor indexing (x[i], take) does in torch;
+    else they stay negative, and the gather faults on them as embedding and index_select raise in torch."""
+    if index.op == "const":
+        value = rw.torch_value(index, torch.int64)
+        return rw.const(torch.where(value < 0, value + size, value) if wrap else value, DType.INT32)
+    index = rw.cast(index, DType.INT32)
+    if not wrap:
+        return index
+    wrapped = rw.scalar(index, "add", size, dtype=DType.INT32, index_bound=size)
+    return rw.where(rw.scalar(index, "lt", 0), wrapped, index, DType.INT32)
+
+
+def _exact_in_fp32(rw: Rewriter, x: ir.Node) -> bool:
+    return x.op == "const" and bool((rw.torch_value(x, torch.int64).abs() <= 2 ** 24).all())
+
+
+def take(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node, wrap: bool = False) -> ir.Node:
+    """x with axis `dim` replaced by the axes of `index` (x.index_select generalized): one row gather."""
+    rank = len(x.shape)
+    rows = rw.permute(x, (dim,) + tuple(d for d in range(rank) if d != dim))
+    rest = rows.shape[1:]
+    table = rw.reshape(rows, (rows.shape[0], math.prod(rest)))
+    if not table.dtype.is_float:   # gather tables are float: 8-bit values, and int32 up to 2^24, convert exactly
+        if table.dtype is DType.INT32 and not _exact_in_fp32(rw, x):
+            rw.fail("is not supported on an int32 tensor unless it is a constant of values within +-2^24 "
+                    "(the row gather moves float rows)")
+        table = rw.cast(table, DType.FP32)
+    index = index_tensor(rw, index, x.shape[dim], wrap)
+    gathered = rw.emit("gather", (table, index), index.shape + table.shape[1:], table.dtype)
+    out = rw.cast(rw.reshape(gathered, index.shape + rest), x.dtype)
+    b = len(index.shape)
+    return rw.permute(out, tuple(range(b, b + dim)) + tuple(range(b)) + tuple(range(b + dim, b + len(rest))))

@@ -22,8 +22,7 @@ import torch
 from trnc import ir
 from trnc.isa.dtypes import DType
 from trnc.passes.graph import legalize_matmul as mm
-from trnc.passes.graph import legalize_rules as base   # circular: legalize_rules imports this module; used at call time
-from trnc.passes.graph.legalize_table import dim_of, dims_of, rule
+from trnc.passes.graph.legalize_table import dim_of, dims_of, keep_fp32_inside, pm_legalize, rule, take
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -47,17 +46,17 @@ def _norm(rw: Rewriter, x: ir.Node, p: float, axes, keepdim: bool, dtype: DType)
     inf and -inf the largest and smallest |x|, 0 the count of nonzeros, any other p through pow (a negative p
     makes |0|^p inf and the norm 0, as in torch). fp32 inside; the result rounds once to `dtype`."""
     if p == math.inf or p == -math.inf:
-        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "max" if p > 0 else "min", axes, keepdim), dtype), x)
+        return keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "max" if p > 0 else "min", axes, keepdim), dtype), x)
     if p == 1:
-        return base._keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "sum", axes, keepdim), dtype), x)
+        return keep_fp32_inside(rw.cast(_reduce_abs(rw, x, "sum", axes, keepdim), dtype), x)
     if p == 0:
         return rw.reduce(rw.cast(rw.scalar(x, "ne", 0), FP32), "sum", axes, keepdim, dtype)
     if p == 2:
         total = rw.reduce(rw.unary(x, "square", FP32), "sum", axes, keepdim, FP32)
-        return base._keep_fp32_inside(rw.unary(total, "sqrt", dtype), x)
+        return keep_fp32_inside(rw.unary(total, "sqrt", dtype), x)
     powers = rw.scalar(rw.unary(x, "abs", FP32), "pow", p, dtype=FP32)
     total = rw.reduce(powers, "sum", axes, keepdim, FP32)
-    return base._keep_fp32_inside(rw.scalar(total, "pow", 1 / p, dtype=dtype), x)
+    return keep_fp32_inside(rw.scalar(total, "pow", 1 / p, dtype=dtype), x)
 
 
 def _float_result(rw: Rewriter, n) -> None:
@@ -173,7 +172,7 @@ COPY_VIEWS = ("alias_copy.default", "as_strided_copy.default", "expand_copy.defa
 def _as_view(view: str):
     def lower(rw: Rewriter, n, a):
         """The view's own rule (the `_copy` op has its schema; an IR value is never an alias)."""
-        return base.pm_legalize[view](rw, n, a)
+        return pm_legalize[view](rw, n, a)
     return lower
 
 
@@ -213,7 +212,7 @@ def _prod(rw: Rewriter, n, a):
         half = size // 2
         paired = rw.binary("mul", rw.slice(merged, last, 0, half), rw.slice(merged, last, half, 2 * half), FP32)
         merged = rw.cat([paired, rw.slice(merged, last, 2 * half, size)], last, FP32) if size % 2 else paired
-    return base._keep_fp32_inside(rw.reshape(rw.cast(merged, n.dtype), n.shape), x)
+    return keep_fp32_inside(rw.reshape(rw.cast(merged, n.dtype), n.shape), x)
 
 
 @rule("aten._pdist_forward.default")
@@ -223,8 +222,8 @@ def _pdist(rw: Rewriter, n, a):
     _float_result(rw, n)
     x = a["input"]
     first, second = torch.triu_indices(x.shape[0], x.shape[0], 1)
-    diff = rw.binary("sub", base._take(rw, x, 0, rw.const(first, DType.INT32)),
-                     base._take(rw, x, 0, rw.const(second, DType.INT32)), FP32)
+    diff = rw.binary("sub", take(rw, x, 0, rw.const(first, DType.INT32)),
+                     take(rw, x, 0, rw.const(second, DType.INT32)), FP32)
     return _norm(rw, diff, float(a["p"]), (1,), False, n.dtype)
 
 
@@ -277,7 +276,7 @@ def _reversed(rw: Rewriter, x: ir.Node, dim: int) -> ir.Node:
     one-wide slices (a view has no negative step)."""
     size = x.shape[dim]
     if x.dtype.is_float:
-        return base._take(rw, x, dim, rw.const(torch.arange(size - 1, -1, -1), DType.INT32))
+        return take(rw, x, dim, rw.const(torch.arange(size - 1, -1, -1), DType.INT32))
     if size > MAX_SLICES:
         rw.fail(f"of a {x.dtype.text} tensor along a dim of {size} is not supported: the gather moves float rows, "
                 f"and a flip of {x.dtype.text} values is at most {MAX_SLICES} slices")
@@ -309,7 +308,7 @@ def _unfold(rw: Rewriter, n, a):
         return rw.permute(split, [k for k in range(len(split.shape)) if k != d + 1] + [d + 1])
     if size > MAX_SLICES and x.dtype.is_float:
         index = torch.arange(windows)[:, None] * step + torch.arange(size)
-        taken = base._take(rw, x, d, rw.const(index, DType.INT32))
+        taken = take(rw, x, d, rw.const(index, DType.INT32))
         return rw.permute(taken, [k for k in range(len(taken.shape)) if k != d + 1] + [d + 1])
     if size > MAX_SLICES:
         rw.fail(f"of a {x.dtype.text} tensor with windows of {size} is not supported (at most {MAX_SLICES})")
@@ -358,7 +357,7 @@ def _trilinear(rw: Rewriter, n, a):
         factors.append(rw.reshape(x, shape))
     product = rw.binary("mul", rw.binary("mul", factors[0], factors[1], FP32), factors[2], FP32)
     axes = tuple(dim_of(d, len(product.shape)) for d in a["sumdim"])   # none: no sum (not dims_of's "all")
-    return base._keep_fp32_inside(rw.reduce(product, "sum", axes, False, n.dtype), product)
+    return keep_fp32_inside(rw.reduce(product, "sum", axes, False, n.dtype), product)
 
 
 @rule("aten.repeat_interleave.Tensor")
@@ -400,7 +399,7 @@ def _gather_along(rw: Rewriter, x: ir.Node, dim: int, index: ir.Node) -> ir.Node
     if rank > 1:
         flat = rw.binary("add", flat, rw.const(torch.as_tensor(offsets).expand(index.shape), DType.INT32),
                          DType.INT32, index_bound=numel)
-    return rw.reshape(base._take(rw, rw.reshape(x, (numel,)), 0, flat), out_shape)
+    return rw.reshape(take(rw, rw.reshape(x, (numel,)), 0, flat), out_shape)
 
 
 @rule("aten.gather.default")
