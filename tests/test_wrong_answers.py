@@ -548,3 +548,15 @@ def test_integer_inputs_at_or_above_2_24_are_refused_at_the_call():
     for big in (torch.tensor([[3, 16777217, 16777216, 1], [0, 0, 0, 0]]), torch.full((2, 4), -2 ** 40)):
         with pytest.raises(TrncError, match="input 0 holds integers of magnitude 2\\^24 or more"):
             compiled(big)
+
+
+def test_the_fp8_scale_of_a_one_element_activation_is_from_its_magnitude():
+    """A reduction over size-1 axes only is a copy, which dropped the amax's |x| (found by the issue 16 work): the
+    dynamic fp8 scale of [[-3.0]] came out negative and the linear layer's output wrong in sign and size."""
+    torch.manual_seed(0)
+    model, x = nn.Linear(1, 4), torch.tensor([[-3.0]])
+    got = trnc.compile(model, (x,), precision="fp8", cache=False)(x)
+    with torch.no_grad():
+        ref = model(x)
+    # fp8 e4m3 operands: each within 2^-4 relative of its value, the product of two within about 2^-3
+    assert ((got - ref).abs() <= 2.0 ** -3 * ref.abs() + 1e-6).all()

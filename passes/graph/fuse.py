@@ -4,8 +4,8 @@ Rules (pm_fuse), in topological order:
 - a matmul opens a "matmul" kernel whose epilogue (scale, bias, activation, residual add, cast)
   is evaluated on the PSUM tile as it is evacuated, so the product never goes to HBM unscaled;
 - an elementwise node joins the kernel that produced one of its inputs when that input has no
-  other user, has the same shape, and ends a matmul or elementwise kernel (a chain of elementwise
-  ops becomes one pass over each tile);
+  other user, has the same shape, and ends a matmul, reduce or elementwise kernel (a chain of elementwise
+  ops becomes one pass over each tile; a reduction's is applied to its result before the store);
 - every other node (row-wise ops, reductions, attention, gathers, movement) is a kernel of its own.
 A node joins a kernel only if its other inputs come from earlier kernels, so kernels stay in
 dependency order. The kind a node opens and the kinds it may join are rows of passes/graph/kernel_kinds.py.
@@ -49,6 +49,8 @@ def _fusion_target(n, kernels, kernel_of, users) -> int | None:
         if k is None or not KINDS[kernels[k].kind].fusible or kernels[k].output is not p:
             continue
         if len(users[p]) != 1 or p.shape != n.shape:
+            continue
+        if p.op in ir.OPS_REDUCE and p.numel == p.inputs[0].numel:   # no reduction: lowered as a copy, alone
             continue
         others = [kernel_of[i] for i in n.inputs if i is not p and i in kernel_of]
         if all(o < k for o in others):

@@ -54,7 +54,7 @@ class KernelKind:
 
 KINDS = {k.name: k for k in (
     KernelKind("elementwise", ir.OPS_ELEMENTWISE, "elementwise", fusible=True),
-    KernelKind("reduce", ir.OPS_REDUCE, "reduce"),
+    KernelKind("reduce", ir.OPS_REDUCE, "reduce", fusible=True),
     KernelKind("softmax", frozenset({"softmax"}), "rowwise", row_wise=True),
     KernelKind("log_softmax", frozenset({"log_softmax"}), "rowwise", row_wise=True),
     KernelKind("layer_norm", frozenset({"layer_norm"}), "rowwise", row_wise=True),

@@ -173,3 +173,24 @@ def test_candidates_are_kept_dims():
     x = harness.inp(0, (6, 130, 7), F32)
     assert candidates(ir.Kernel("reduce", [reduce_node(x, "sum", (1,))])) == [1, 0]
     assert candidates(ir.Kernel("reduce", [reduce_node(x, "sum", (1,), keepdim=True)])) == [2, 0]
+
+
+def test_an_epilogue_runs_on_the_result_before_the_store():
+    """The fuse pass joins the elementwise nodes that read a reduction's result: mean of squares, + eps, rsqrt
+    (an RMS norm's scale) is one kernel, its chain applied to the fp32 accumulator as elementwise kernels apply
+    it; also with a full reduction folded over the partitions and a per-row input of the epilogue."""
+    xs = RNG.random((300, 96)).astype(np.float32)
+    bias = RNG.random((300, 1)).astype(np.float32)
+    x, b = harness.inp(0, xs.shape, F32), harness.inp(1, bias.shape, F32)
+    total = reduce_node(x, "sum", (1,), keepdim=True)
+    mean = ir.Node("scalar", (total,), total.shape, F32, {"op": "mul", "value": 1 / 96, "reverse": False})
+    shifted = ir.Node("binary", (mean, b), total.shape, F32, {"op": "add"})
+    rs = ir.Node("unary", (shifted,), total.shape, F32, {"func": "rsqrt"})
+    outs, state = harness.compile_and_run([x, b], [ir.Kernel("reduce", [total, mean, shifted, rs])], [xs, bias])
+    ref = 1 / np.sqrt(xs.astype(np.float64).sum(1, keepdims=True) / 96 + bias)
+    assert np.allclose(np.asarray(outs[0], np.float64), ref, rtol=1e-5, atol=0)   # rsqrt within a few ulp
+    whole = reduce_node(x, "max", (0, 1))
+    scale = ir.Node("scalar", (whole,), (), F32, {"op": "div", "value": 448.0, "reverse": True})
+    outs, _ = harness.compile_and_run([x], [ir.Kernel("reduce", [whole, scale]),
+                                            ir.Kernel("movement", [ir.Node("reshape", (scale,), (1,), F32)])], [xs])
+    assert np.float32(outs[0][0]) == np.float32(448.0) / xs.max()

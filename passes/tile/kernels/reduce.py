@@ -12,7 +12,9 @@ of each. Two ways to use the 128 partitions, whichever the cost estimate favours
   over the partitions (split into rows when it is one long run), every partition reduces its share of
   the free axis into the accumulator, and partition_reduce (GpSimdE) folds the partitions at the end.
 
-The fp32 accumulator is stored with one DMA, which converts to the output dtype.
+The fp32 accumulator is stored with one DMA, which converts to the output dtype; a kernel with an elementwise
+epilogue (the fuse pass joins the nodes that read the result: the mean's scale, the fp8 scale from an amax)
+computes it on the accumulator first (elementwise.py's chain), its other inputs seen in the same index space.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
 from trnc.passes.tile.kernels import boxes
+from trnc.passes.tile.kernels.elementwise import Operand, emit_chain, immediate, load_operand
 from trnc.passes.tile.kernels.engines import emit
 from trnc.passes.tile.kernels.movement import copy_view
 from trnc.passes.tile.tiles import HbmView, TileBuilder
@@ -53,7 +56,7 @@ def _input_dim(node: ir.Node, out_dim) -> int | None:
 def candidates(kernel: ir.Kernel) -> list[int]:
     """Output dims worth putting on the partitions (kept dims of size > 1), the two largest: the layout pass
     lowers each one to cost it."""
-    node = kernel.output
+    node = kernel.nodes[0]
     dims = [d for d, size in enumerate(node.shape) if size > 1 and _input_dim(node, d) not in reduced_axes(node)]
     return sorted(dims, key=lambda d: -node.shape[d])[:2]
 
@@ -90,20 +93,27 @@ def _choose(space: boxes.Space, reduced: list[bool], hint: int | None) -> int:
 
 def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
           plan: ir.KernelPlan) -> None:
-    node = kernel.output
+    node, epilogue = kernel.nodes[0], kernel.nodes[1:]
     x = views[node.inputs[0]]
     if math.prod(x.shape) == 0:
         raise UnsupportedOpError(f"{node.attrs['op']} over an empty tensor %{node.inputs[0].name} "
                                  f"{list(x.shape)}{node.where()}: trnc does not lower empty reductions")
     axes = reduced_axes(node)
     kept = [d for d in range(len(x.shape)) if d not in axes]
-    out_strides = iter(out.strides if not node.attrs.get("keepdim") else [out.strides[d] for d in kept])
-    strides = tuple(0 if d in axes else next(out_strides) for d in range(len(x.shape)))
-    out_x = HbmView(out.tensor, out.dtype, x.shape, strides, out.offset)   # the output in x's index space
-    space = boxes.simplify([x, out_x])
+    inside = set(kernel.nodes)
+    extra = [i for n in epilogue for i in n.inputs if i not in inside and immediate(i) is None]
+
+    def in_x_space(view: HbmView) -> HbmView:
+        """A view of the output's shape seen in x's index space, with stride 0 along the reduced dims."""
+        view = view.expand(node.shape)
+        strides = iter(view.strides if not node.attrs.get("keepdim") else [view.strides[d] for d in kept])
+        return HbmView(view.tensor, view.dtype, x.shape, tuple(0 if d in axes else next(strides)
+                                                               for d in range(len(x.shape))), view.offset)
+    out_x = in_x_space(out)
+    space = boxes.simplify([x, out_x, *(in_x_space(views[i]) for i in extra)])
     reduced = [st == 0 for st in space.views[1].strides]
-    if not any(r and size > 1 for r, size in zip(reduced, space.shape)):
-        copy_view(kb, x, out_x)       # only size-1 dims reduced: a copy
+    if not any(r and size > 1 for r, size in zip(reduced, space.shape)) and not node.attrs.get("abs"):
+        copy_view(kb, x, out_x)       # only size-1 dims reduced: a copy (fuse adds no epilogue then)
         return
     hint = _input_dim(node, plan.partition_dim)
     pdim = _choose(space, reduced, space.dim_of(hint) if hint is not None else None)
@@ -117,7 +127,7 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
         groups = [[r] for r in regions]
     if len(regions[0].shape) > len(space.shape):
         reduced.insert(pdim + 1, reduced[pdim])
-    _Reduction(kb, node, groups, pdim, reduced).run()
+    _Reduction(kb, node, groups, pdim, reduced, dict(zip(extra, range(2, 2 + len(extra)))), epilogue).run()
 
 
 class _Reduction:
@@ -125,8 +135,9 @@ class _Reduction:
     kept box; `groups` are lists of regions (boxes.split) whose boxes fold into the same outputs."""
 
     def __init__(self, kb: TileBuilder, node: ir.Node, groups: list[list[boxes.Space]], pdim: int,
-                 reduced: list[bool]):
+                 reduced: list[bool], extra: dict[ir.Node, int], epilogue: list[ir.Node]):
         self.kb, self.groups, self.pdim, self.reduced = kb, groups, pdim, reduced
+        self.node, self.extra, self.epilogue = node, extra, epilogue   # extra: input -> its index in views
         self.op = ReduceOp.from_text(node.attrs["op"])
         self.abs = bool(node.attrs.get("abs"))     # over |x|: the quantize pass's amax
         self.acc = None          # the fp32 accumulator of the kept box being reduced
@@ -138,12 +149,12 @@ class _Reduction:
         return tuple((start, 1) if self.reduced[d] else (start, count) for d, (start, count) in enumerate(box))
 
     def fits(self, box: boxes.Box) -> bool:
-        x, out_x = self.views
-        return boxes.aps_fit([x], self.pdim, box) and boxes.aps_fit([out_x], self.pdim, self.store_box(box)) \
+        x, *outs = self.views
+        return boxes.aps_fit([x], self.pdim, box) and boxes.aps_fit(outs, self.pdim, self.store_box(box)) \
             and len(_runs(box, self.pdim, self.reduced)) <= 4
 
     def items(self):
-        """(x view, box, (out view, kept box) when the box is the last of its kept box else None)."""
+        """(x view, box, (output-side views, kept box) when the box is the last of its kept box else None)."""
         rank = len(self.chunks)
         order = boxes.partition_first(rank, None if self.reduced[self.pdim] else self.pdim)
         for group in self.groups:
@@ -157,7 +168,7 @@ class _Reduction:
                         box = tuple(red_box[d] if self.reduced[d] else kept_box[d] for d in range(rank))
                         work.append((region.views[0], box))
                 for k, (x, box) in enumerate(work):
-                    yield x, box, (group[0].views[1], kept_box) if k == len(work) - 1 else None
+                    yield x, box, (group[0].views[1:], kept_box) if k == len(work) - 1 else None
 
     def run(self) -> None:
         boxes.pipelined(self.items(), self.load, self.finish)
@@ -195,10 +206,18 @@ class _Reduction:
             self.store(self.acc, *store)
             self.acc = None
 
-    def store(self, acc, out_x: HbmView, kept_box: boxes.Box) -> None:
-        target = out_x.box_ap(self.pdim, self.store_box(kept_box))
+    def store(self, acc, outs: tuple[HbmView, ...], kept_box: boxes.Box) -> None:
+        box = self.store_box(kept_box)
+        target = outs[0].box_ap(self.pdim, box)
         if self.reduced[self.pdim]:      # fold the partitions
             total = self.kb.sbuf("total", DType.FP32, 1, (acc.free_size,))
             emit(self.kb, "partition_reduce", dst=total, src=acc, op=self.op)
             acc = total
+        if self.epilogue:
+            operands = {self.node: Operand(acc, False)}
+            operands.update({i: load_operand(self.kb, outs[k - 1], self.pdim, box, f"e_{i.name}")
+                             for i, k in self.extra.items()})
+            result = self.kb.sbuf("out", outs[0].dtype, acc.partitions, (acc.free_size,))
+            emit_chain(self.kb, self.epilogue, operands, result)
+            acc = result
         boxes.spread(self.kb, target, acc)
