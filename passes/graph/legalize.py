@@ -98,7 +98,8 @@ class Rewriter:
             lossy = True
         key = None
         if value.numel() <= CSE_CONST_ELEMENTS:
-            raw = value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+            flat = torch.empty(value.numel(), dtype=value.dtype).copy_(value.reshape(-1))   # stride 1 (not 0)
+            raw = flat.view(torch.uint8).numpy().tobytes()
             key = ("const", dtype, value.dtype, tuple(value.shape), raw)
         node = self._node(key, "const", (), value.shape, dtype, {"value": array})
         self.exact.setdefault(node, value)

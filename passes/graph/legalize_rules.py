@@ -23,6 +23,7 @@ from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-r
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
 from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math function rules)
 from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
+from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph.legalize_table import (Unusable, dim_of, dims_of, index_tensor, keep_fp32_inside, pm_legalize,
