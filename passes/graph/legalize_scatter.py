@@ -187,7 +187,7 @@ def _index_along(rw: Rewriter, n, x, dim, index, source, mode, include_self=True
     index = rw.reshape(index, tuple(index.shape[:1]) or (1,))
     if not source.shape:
         source = rw.reshape(source, (1,) * rank)
-    shape = list(source.shape)
+    shape = list(x.shape)   # torch: source is x's shape but along dim (index_fill's 0-d value spreads to it)
     shape[dim] = index.shape[0]
     spread = rw.reshape(index, [index.shape[0] if d == dim else 1 for d in range(rank)])
     if spread.op == "const":
