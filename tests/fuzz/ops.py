@@ -10,8 +10,8 @@ The reference of an op returns its value in one lane: `lane.store(y, dtype, ulps
 once (plus `ulps` fp32 ulps of function error), `lane.acc` for a sum of n terms (error up to n * u_fp32 times
 the sum of the terms' magnitudes: both eager and trnc accumulate in fp32), and decompositions for the fused ops
 (softmax, norms, attention), step by step as both implementations compute them. Function errors are trnc's
-documented maxima (runtime/fp32math.py: exp and log 1 ulp, tanh and sigmoid 2.5, silu and gelu 3, pow 4),
-rounded up; eager's are smaller, but for gelu's negative tail (see _gelu).
+documented maxima (runtime/fp32math.py: exp and log 1 ulp, tanh and sigmoid 2.5, silu and gelu 3, pow 4;
+fp32trig.py and fp32special.py for sin ... log10 and hypot), rounded up; eager's are smaller, but for gelu's negative tail (see _gelu).
 """
 from __future__ import annotations
 
@@ -81,8 +81,24 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     "square": (0, ("torch.square({0})", "{0} * {0}", "{0} ** 2", "torch.pow({0}, 2)")),
     "abs": (0, ("torch.abs({0})", "{0}.abs()")),
     "neg": (0, ("-{0}", "torch.neg({0})")),
+    # runtime/fp32trig.py and fp32special.py (their measured maxima, rounded up)
+    "sin": (1, ("torch.sin({0})", "{0}.sin()")),
+    "cos": (1, ("torch.cos({0})", "{0}.cos()")),
+    "atan": (1, ("torch.atan({0})", "torch.arctan({0})")),
+    "asin": (1, ("torch.asin({0})", "{0}.arcsin()")),
+    "acos": (1, ("torch.acos({0})",)),
+    "sinh": (2, ("torch.sinh({0})",)),
+    "cosh": (2, ("torch.cosh({0})",)),
+    "asinh": (2, ("torch.asinh({0})",)),
+    "atanh": (2, ("torch.atanh({0})",)),
+    "erf": (2, ("torch.erf({0})", "torch.special.erf({0})")),
+    "erfc": (3, ("torch.erfc({0})", "torch.special.erfc({0})")),
+    "exp2": (1, ("torch.exp2({0})", "2 ** {0}")),
+    "log2": (1, ("torch.log2({0})", "{0}.log2()")),
+    "log10": (1, ("torch.log10({0})",)),
 }
-MAGNIFIED_UNARY = ("relu", "exp")   # a flat piece, and a growth that outruns a linear bound (reference.py)
+# a flat piece, and growths (or decays) that outrun a linear bound (reference.py)
+MAGNIFIED_UNARY = ("relu", "exp", "exp2", "sinh", "cosh", "erfc")
 for _name, (_ulps, _spellings) in UNARY.items():
     _magnified = _name in MAGNIFIED_UNARY
     OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps), magnified=lambda a, m=_magnified: m)
@@ -129,6 +145,7 @@ BINARY = {   # name: (ulps, spellings)
     "maximum": (0, ("torch.maximum({0}, {1})", "{0}.maximum({1})")),
     "minimum": (0, ("torch.minimum({0}, {1})", "{0}.minimum({1})")),
     "pow": (4, ("torch.pow({0}, {1})", "{0} ** {1}")),
+    "hypot": (2, ("torch.hypot({0}, {1})",)),
 }
 
 

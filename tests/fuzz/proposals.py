@@ -22,12 +22,14 @@ EPS = (1e-5, 1e-6, 1e-3)
 def unary(b):
     fn = b.choice(tuple(UNARY) + ("gelu", "gelu_tanh"))
     x = b.pick_float()
-    if fn in ("log", "sqrt", "rsqrt"):
+    if fn in ("log", "sqrt", "rsqrt", "log2", "log10"):
         x = b.positive(x)
     elif fn == "reciprocal":
         x = b.nonzero(x)
-    elif fn == "exp":
+    elif fn in ("exp", "exp2", "sinh", "cosh"):
         x = b.bounded(x, 8.0)
+    elif fn in ("asin", "acos", "atanh"):
+        x = b.bounded(x, 0.9)
     return b.op(fn, [x], form=b.form())
 
 
