@@ -116,3 +116,20 @@ def test_too_long_a_row_is_refused():
     x = torch.randn(1 << 17)
     with pytest.raises(UnsupportedOpError, match="sort"):
         compiled(lambda x: torch.sort(x), x)
+
+
+def test_mode():
+    """Ties of counts go to the smallest value, its last index; a tied zero's sign is that element's. Eager sorts
+    the row with std::sort, which keeps equal values in input order only up to 16 elements (insertion sort), so
+    longer rows with repeated values are checked by value and by the index pointing at it."""
+    x = torch.tensor([[2., 2., 1., 1., 5.], [1., 1., 2., 2., 3.], [0., -0., 1., 1., 2.], [-0., 0., 1., 3., 2.],
+                      [NAN] * 5, [INF, 3., 3., -INF, -INF]])
+    equal_to_eager(lambda x: torch.mode(x, 1), x)
+    g = torch.Generator().manual_seed(1660)
+    equal_to_eager(lambda x: torch.mode(x, 0, True), torch.randint(-3, 3, (16, 4), generator=g).float())
+    equal_to_eager(lambda x: torch.mode(x, -1), torch.randint(-3, 3, (4, 16), generator=g, dtype=torch.int32))
+    equal_to_eager(lambda x: torch.mode(x, 0), torch.randperm(600, generator=g).float().reshape(300, 2))
+    t = torch.randint(-5, 5, (3, 200), generator=g).float()
+    got_v, got_i = compiled(lambda x: torch.mode(x, 1), t)(t)
+    torch.testing.assert_close(got_v, torch.mode(t, 1).values, rtol=0, atol=0)
+    torch.testing.assert_close(t.gather(1, got_i[:, None])[:, 0], got_v, rtol=0, atol=0)

@@ -1,5 +1,5 @@
-"""legalize rules of sorting (issue 16): sort, argsort, msort, topk, kthvalue, median, nanmedian; built from the
-existing trnc ops (registered in passes/graph/legalize_table.py's `pm_legalize`).
+"""legalize rules of sorting (issue 16): sort, argsort, msort, topk, kthvalue, median, nanmedian and mode; built
+from the existing trnc ops (registered in passes/graph/legalize_table.py's `pm_legalize`).
 
 Rank counting: along the sorted axis (another axis is swapped to the end and back), element i's place is the
 number of elements j that sort before it, one broadcast comparison of the row with itself ([..., n, n]) and a
@@ -40,6 +40,7 @@ RANK_MAX = 256              # rank counting up to this many elements along the a
 MAX_PAIRS = 1 << 22         # and while its [..., n, n] comparison holds at most this many elements
 MAX_NETWORK = 1 << 16       # the network's row (padded to a power of two)
 MAX_NETWORK_ELEMENTS = 1 << 24
+MAX_MODE_PAIRS = 1 << 24     # mode's [..., n, n] comparison of equal elements
 
 
 def _to_last(rw: Rewriter, x: ir.Node, dim: int) -> tuple[ir.Node, list[int]]:
@@ -279,3 +280,52 @@ def _median_rule(rw: Rewriter, n, a):
 @rule("aten.nanmedian.default", "aten.nanmedian.dim")
 def _nanmedian_rule(rw: Rewriter, n, a):
     return _median_outputs(rw, n, a, True)
+
+
+@rule("aten.mode.default")
+def _mode(rw: Rewriter, n, a):
+    """The most frequent value and its last index, as torch's CPU kernel finds them in the sorted row: counts of
+    equal elements by one [..., n, n] compare and a sum, the smallest value of the largest count (its first run),
+    the last index holding it, and the value read back at that index (so the sign of a tied zero is that element's).
+    A NaN is a run of its own after every number (a row of NaNs gives its first); eager's std::sort of a row with
+    NaN, whose compares are no strict weak order, may order such rows otherwise."""
+    x = a["input"]
+    (value_shape, value_dtype), (index_shape, index_dtype) = n.attrs["outputs"]
+    if not x.shape:
+        return [rw.cast(x, value_dtype), rw.filled(0, index_shape, index_dtype)]
+    dim = dim_of(a["dim"], len(x.shape))
+    size = x.shape[dim]
+    if x.dtype is DType.INT32 and x.op == "const" and bool((rw.torch_value(x, torch.int64).abs() > 2 ** 24).any()):
+        rw.fail("of an int32 constant with values beyond 2^24 is not supported: the machine compares in fp32")
+    moved, swap = _to_last(rw, rw.cast(x, FP32), dim)
+    shape = moved.shape[:-1]
+    rows = math.prod(shape)
+    if rows * size * size > MAX_MODE_PAIRS:
+        rw.fail(f"over an axis of {size} elements ({rows} rows) is not supported: trnc counts equal elements by "
+                f"n^2 comparisons per row, up to {MAX_MODE_PAIRS} in all")
+    last = (len(shape),)
+    same = rw.binary("eq", rw.reshape(moved, shape + (1, size)), rw.reshape(moved, shape + (size, 1)))
+    count = rw.reduce(rw.cast(same, FP32), "sum", (len(shape) + 1,), False, FP32)
+    iota = rw.const(torch.arange(size, dtype=torch.float32), FP32)
+    if x.dtype.is_float:
+        nan = rw.binary("ne", moved, moved)
+        count = rw.binary("add", count, rw.cast(nan, FP32), FP32)
+        number = rw.scalar(nan, "eq", 0.0)
+    best = rw.reduce(count, "max", last, True, FP32)
+    chosen = rw.binary("eq", count, best)
+    if x.dtype.is_float:
+        chosen = rw.binary("and", chosen, number)
+    value = rw.reduce(rw.where(chosen, moved, rw.scalar_const(math.inf, FP32), FP32), "min", last, True, FP32)
+    index = rw.reduce(rw.where(rw.binary("eq", moved, value), iota, rw.scalar_const(-1.0, FP32), FP32), "max",
+                      last, True, FP32)
+    if x.dtype.is_float:   # no number chosen: a row of NaNs, index 0
+        index = rw.where(rw.reduce(chosen, "max", last, True, DType.UINT8), index, rw.scalar_const(0.0, FP32), FP32)
+    value = rw.reduce(rw.where(rw.binary("eq", iota, index), moved, rw.scalar_const(-math.inf, FP32), FP32), "max",
+                      last, True, FP32)
+    value, index = rw.permute(value, swap), rw.permute(index, swap)
+    if x.dtype.is_float:
+        value = keep_fp32_inside(rw.cast(value, value_dtype), x)
+    else:
+        value = _to_int(rw, keep_fp32_inside(value, x), value_dtype, EXACT_FP32)
+    index = _to_int(rw, keep_fp32_inside(index, x), index_dtype, size)
+    return [rw.reshape(value, value_shape), rw.reshape(index, index_shape)]
