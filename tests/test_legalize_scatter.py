@@ -143,3 +143,22 @@ def test_out_of_range_index_is_an_error():
     for bad in (torch.tensor([[0, 4, 1], [1, 1, 1]]), torch.tensor([[0, -1, 1], [1, 1, 1]])):
         with pytest.raises(Exception):   # noqa: B017 - the gather's execution fault, as torch raises
             compiled(x, bad, src)
+
+
+def test_indices_past_256_stay_exact_under_auto_cast_all():
+    """Positions, iotas and counts are fp32 integers marked keep_fp32: auto_cast="all" storing them in bf16 (exact
+    only up to 256) would scatter to the wrong places. Values round to bf16 (2^-9 relative) as inputs and as the
+    result: a moved value within 2^-8 of itself, a mean within 2^-7 of its terms' magnitudes |x| + sum |src|."""
+    g = torch.Generator().manual_seed(6)
+    x, src = torch.randn(2, 600, generator=g), torch.randn(2, 300, generator=g)
+    index = torch.stack([torch.randperm(600, generator=g)[:300] for _ in range(2)])
+    for fn in (lambda a, i, s: a.scatter(1, i, s), lambda a, i, s: a.scatter_reduce(1, i, s, "mean")):
+        got = trnc.compile(Fn(fn).eval(), (x, index, src), cache=False, precision="bf16", auto_cast="all")(x, index,
+                                                                                                           src)
+        ref = fn(x, index, src)
+        scale = x.abs() + torch.zeros_like(x).scatter_add(1, index, src.abs())
+        assert ((got.float() - ref).abs() <= scale * 2.0 ** -7).all()
+    got = trnc.compile(Fn(lambda a, i, s: a.scatter(1, i, s)).eval(), (x, index, src), cache=False, precision="bf16",
+                       auto_cast="all")(x, index, src)
+    ref = x.scatter(1, index, src)
+    assert ((got.float() - ref).abs() <= ref.abs() * 2.0 ** -8).all()
