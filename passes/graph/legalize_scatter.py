@@ -236,6 +236,15 @@ def _index_fill(rw: Rewriter, n, a):
     return _index_along(rw, n, x, a["dim"], a["index"], source, "last")
 
 
+def _unbounded_arithmetic(index: ir.Node) -> bool:
+    """An integer add, sub or mul (through views and casts) that legalize could not bound (no index_bound): its
+    kernel would refuse it later without naming the op, so the rule that reads it refuses now."""
+    while index.op in ("reshape", "expand", "permute", "cast") and "index_bound" not in index.attrs:
+        index = index.inputs[0]
+    return (index.op in ("binary", "scalar") and index.attrs.get("op") in ("add", "sub", "mul")
+            and not index.dtype.is_float and "index_bound" not in index.attrs)
+
+
 @rule("aten.index_put.default")
 def _index_put(rw: Rewriter, n, a):
     """x[indices] = values (accumulate: +=). Integer index tensors over adjacent dims (Nones before them) make one
@@ -265,6 +274,9 @@ def _index_put(rw: Rewriter, n, a):
         if accumulate:
             value = rw.binary("add", x, value, FP32 if n.dtype.is_float else n.dtype)
         return rw.where(mask, value, x, n.dtype)
+    if any(_unbounded_arithmetic(i) for i in used if i is not None):
+        rw.fail("with indices computed by integer arithmetic trnc cannot bound within 2^24 is not supported: the "
+                "engines compute integers in fp32, which loses them above 2^24 (max_unpool's flat indices)")
     sizes = x.shape[start:start + len(used)]
     batch = tuple(torch.broadcast_shapes(*(i.shape for i in used)))
     flat = None
