@@ -20,7 +20,7 @@ transformer-sized GEMMs (a DMA costs ~600 ns plus its bytes at ~23 B/ns on one o
   inputs) are emitted in the order TensorE and the evacuations need them; later, the next streamed tile
   goes out one step ahead (before the current step's stores take the queues), the next block's epilogue
   inputs one block ahead, and the next panel's loads spread over the current panel's steps. Buffers are
-  segments of up to SEGMENT_BYTES, each fresh, so DMA runs ahead of TensorE until SBUF is full.
+  segments of up to SEGMENT_BYTES (matmul_loads.py), each fresh, so DMA runs ahead of TensorE until SBUF is full.
 - evacuation: the epilogue chain (or a copy) from PSUM into one SBUF tile per block in the output dtype,
   the sub-tile a free axis. Epilogue inputs load the same way, one tile per input and block, dims that do
   not change the input loaded once (a per-feature bias is a [P, sub-tiles] tile of per-partition
@@ -53,7 +53,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
 
 from trnc import ir
@@ -61,9 +60,9 @@ from trnc.errors import UnsupportedOpError
 from trnc.isa import cost
 from trnc.isa.config import DMA_QUEUES, PARTITIONS
 from trnc.isa.dtypes import MATMUL_DTYPES, DType
-from trnc.isa.enums import AluOp
 from trnc.passes.tile.kernels import engines
 from trnc.passes.tile.kernels.elementwise import Operand, emit_chain, immediate, load_operand
+from trnc.passes.tile.kernels.matmul_loads import Later, Panel, Region, blocks, emit_by_use, subtiles
 from trnc.passes.tile.kernels.matmul_plan import (BLOCK_TILES, Gemm, Plan, batch_indices, batch_offset,
                                              choose_orientation, dma_nbytes, gemm_of, make_plan, shape_cycles)
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
@@ -72,7 +71,6 @@ DMA_FIRST = 32 * 1024     # bytes per DMA of the kernel's first wave (one per qu
 DMA_MIN = 64 * 1024       # bytes per load DMA after that at least: the ~600 ns fixed cost is under a fifth of it
 DMA_MAX = 512 * 1024      # bytes per load DMA at most: 23 us on one queue, the fixed cost 3% of it
 SLACK_SHARE = 0.5         # a load DMA may take this share of its slack (dma_bytes) on one queue
-SEGMENT_BYTES = 8 * 1024   # bytes per partition of an operand region's SBUF buffers
 LOOKAHEAD = 8e-6          # seconds of TensorE work the streamed fallback loads ahead of its matmuls
 STORE_BYTES = 128 * 1024  # bytes per store DMA
 TAIL_BYTES = 8 * 1024     # bytes per store DMA at least
@@ -126,163 +124,6 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
         emitter.quantize_on_load(side, quantize["scale"] if len(mm.inputs) == 2 else views[mm.inputs[2]])
     emitter.run()
     return emitter.kept
-
-
-def _subtiles(x0: int, width: int, tile: int) -> list[Cols]:
-    return [(x0 + c, min(tile, width - c)) for c in range(0, width, tile)]
-
-
-def _blocks(count: int) -> list[list[int]]:
-    return [list(range(b, min(b + BLOCK_TILES, count))) for b in range(0, count, BLOCK_TILES)]
-
-
-class _Region:
-    """Columns `cols` of operand `side` over all of K, loaded in k order in chunks of k-tiles.
-
-    K-tile kt is first needed at kernel PE time use0 + kt * per_kt (seconds of TensorE work, at full rate).
-    With `segments`, the k-tiles go in SBUF buffers of up to SEGMENT_BYTES per partition, each holding one
-    or more chunks (a region's k-tiles live together, and buffers of one size fragment SBUF less than
-    buffers of every chunk's size); else each chunk has its own buffer (the streamed fallback, whose chunks
-    die one after the other)."""
-
-    def __init__(self, e: "_Emitter", side: str, index: tuple[int, ...], cols: Cols, use: tuple[float, float],
-                 segments: bool = True):
-        self.e, self.side, self.index, self.cols = e, side, index, cols
-        self.use0, self.per_kt = use
-        self.segment = max(1, SEGMENT_BYTES // (cols[1] * e.dtype.itemsize)) if segments else 0   # k-tiles
-        self.tiles: list[tuple[Tile, int]] = []      # per k-tile: its buffer and its index in it
-        self.kt = 0                                  # the next k-tile to load
-
-    @property
-    def done(self) -> bool:
-        return self.kt >= self.e.k_tiles
-
-    @property
-    def next_use(self) -> float:
-        return self.use0 + self.kt * self.per_kt
-
-    @property
-    def nbytes(self) -> int:
-        return self.e.gemm.k * self.cols[1] * self.e.load_itemsize[self.side]
-
-    def emit_next(self) -> int:
-        """Load the next chunk: as many k-tiles as one DMA of `dma_bytes` holds, or one k-tile in several
-        DMAs when it is larger. Returns the chunk's bytes."""
-        e, (x0, width) = self.e, self.cols
-        kept = e.kb.program.on_chip(e.kx[self.side])
-        if kept is not None:      # the operand is in SBUF already (lower.py): no DMA
-            self.tiles += [(kept.narrow(2, x0, width), kt) for kt in range(self.kt, e.k_tiles)]
-            self.kt = e.k_tiles
-            return 0
-        full = e.gemm.k // PARTITIONS
-        k_tile_bytes = PARTITIONS * width * e.load_itemsize[self.side]
-        target = e.dma_bytes(self.next_use, k_tile_bytes)
-        batch = tuple((i, 1) for i in self.index)
-        room = self.segment - self.kt % self.segment if self.segment else full
-        if self.kt < full:
-            count, rows = max(1, min(full - self.kt, room, target // k_tile_bytes)), PARTITIONS
-            src = e.split[self.side].box_ap(e.nb + 1, (*batch, (self.kt, count), (0, PARTITIONS), (x0, width)))
-        else:       # the partial last k-tile
-            count, rows = 1, e.gemm.k - full * PARTITIONS
-            src = e.kx[self.side].box_ap(e.nb, (*batch, (self.kt * PARTITIONS, rows), (x0, width)))
-        if not self.segment:
-            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, rows, (count, width)), 0
-        elif self.kt % self.segment:
-            tile, first = self.tiles[-1][0], self.kt % self.segment
-        else:
-            size = min(self.segment, e.k_tiles - self.kt)
-            tile, first = e.kb.sbuf(e.name(self.side), e.dtype, min(PARTITIONS, e.gemm.k), (size, width)), 0
-        dst = tile.narrow(0, 0, rows).narrow(1, first, count)
-        if self.side == e.quantized:        # loaded as it is, then x * scale rounded to the operand's fp8
-            stage = e.kb.sbuf(e.name("stage"), src.dtype, rows, (count, width))
-            e.dma(stage, src, target)
-            scale = e.scale if isinstance(e.scale, float) else e.scale.narrow(0, 0, rows)
-            stochastic = engines.stochastic(e.kb, dst.dtype)     # then the product rounds by engines.write
-            scaled = e.kb.sbuf(e.name("scaled"), DType.FP32, rows, (count, width)) if stochastic else dst
-            engines.emit(e.kb, "tensor_scalar", dst=scaled, src=stage, op0=AluOp.MUL,
-                         **({"scalar0": scale} if isinstance(scale, float) else {"scalar0_ap": scale}))
-            if stochastic:
-                engines.write(e.kb, dst, scaled)
-        else:
-            e.dma(dst, src, target)
-        self.tiles += [(tile, first + j) for j in range(count)]
-        self.kt += count
-        return rows * count * width * e.load_itemsize[self.side]
-
-    def fill(self, until: float) -> None:
-        """Load the chunks first needed before PE time `until`."""
-        while not self.done and self.next_use < until:
-            self.emit_next()
-
-    def at(self, kt: int, offset: int, width: int) -> Tile:
-        """Columns [offset, offset + width) of the region's k-tile kt, as a [rows, width] tile."""
-        while self.kt <= kt:
-            self.emit_next()
-        tile, j = self.tiles[kt]
-        rows = min(PARTITIONS, self.e.gemm.k - kt * PARTITIONS)
-        return tile.narrow(0, 0, rows).narrow(2, offset, width).select(1, j)
-
-    def pair(self, kt: int, offset: int, width: int) -> Tile | None:
-        """K-tiles kt and kt + 1 as one [128, 2, width] operand of a double-row matmul, when both are whole and
-        lie side by side in one buffer; else None."""
-        if (kt + 2) * PARTITIONS > self.e.gemm.k:
-            return None
-        while self.kt <= kt + 1:
-            self.emit_next()
-        (tile, j), (other, k) = self.tiles[kt], self.tiles[kt + 1]
-        if other.buffer is not tile.buffer or k != j + 1 or tile.offset != other.offset:
-            return None
-        return tile.narrow(2, offset, width).narrow(1, j, 2)
-
-
-@dataclass
-class _Later:
-    """A load for `_emit_by_use` that is not a region: `emit` once, at PE time `next_use`."""
-
-    next_use: float
-    emit: Callable[[], object]
-    done: bool = False
-
-    def emit_next(self) -> int:
-        self.emit()
-        self.done = True
-        return 0
-
-
-def _emit_by_use(loads: list) -> None:
-    """Emit every chunk of `loads` (regions, _Later) in the order TensorE or the evacuations first need them."""
-    while True:
-        pending = [load for load in loads if not load.done]
-        if not pending:
-            return
-        min(pending, key=lambda load: load.next_use).emit_next()
-
-
-class _Panel:
-    """Columns [x0, x0 + width) of the resident side for one batch group: sub-tiles one matmul wide, in blocks
-    of BLOCK_TILES, one region per block. `uses` holds each block's (use0, per_kt) at the job's first step."""
-
-    def __init__(self, e: "_Emitter", job, uses: list[tuple[float, float]]):
-        (index, *_), x0, width = job
-        self.subtiles = _subtiles(x0, width, e.plan.tile(e.plan.resident))
-        self.blocks = _blocks(len(self.subtiles))
-        self.regions = [_Region(e, e.plan.resident, index, (self.subtiles[blk[0]][0],
-                                                            sum(self.subtiles[r][1] for r in blk)), use)
-                        for blk, use in zip(self.blocks, uses)]
-        self.nbytes = sum(region.nbytes for region in self.regions)
-        self.emitted = 0
-
-    def advance(self, upto: float) -> None:
-        """Load chunks, in block order, until `upto` bytes of the panel are loaded."""
-        for region in self.regions:
-            while not region.done and self.emitted < upto:
-                self.emitted += region.emit_next()
-
-    def operand(self, b: int, r: int) -> tuple[_Region, int, int]:
-        """Sub-tile r (of block b) as (region, column offset, width)."""
-        region = self.regions[b]
-        x0, width = self.subtiles[r]
-        return region, x0 - region.cols[0], width
 
 
 class _Emitter:
@@ -356,8 +197,8 @@ class _Emitter:
         """Where the output tiles' N columns start and how many: panels and sub-tiles, or plain tiles."""
         plan = self.plan
         if plan.resident != "b":
-            return _subtiles(0, self.gemm.n, plan.n_tile)
-        return [c for x0, width in plan.panels(self.gemm.n, True) for c in _subtiles(x0, width, plan.n_tile)]
+            return subtiles(0, self.gemm.n, plan.n_tile)
+        return [c for x0, width in plan.panels(self.gemm.n, True) for c in subtiles(x0, width, plan.n_tile)]
 
     def kept_tile(self, m_cols: Cols, n_cols: Cols) -> Tile:
         """The part of the kept SBUF tile that holds the output box (m_cols, n_cols), as the output tile."""
@@ -409,14 +250,14 @@ class _Emitter:
                 for x0, width in plan.panels(r_total, g == 0)]
         self.steps = [(j, index, (t0, min(t_tile, t_total - t0))) for j, (group, _, _) in enumerate(jobs)
                       for index in group for t0 in range(0, t_total, t_tile)]
-        self.subtiles_of = [_subtiles(x0, width, plan.tile(r_side)) for _, x0, width in jobs]
+        self.subtiles_of = [subtiles(x0, width, plan.tile(r_side)) for _, x0, width in jobs]
         self.uses = self.step_uses()
         self.pe_total = self.uses[-1][-1][0] + self.uses[-1][-1][1] * self.k_tiles
         first: dict[int, int] = {}
         for i, (j, _, _) in enumerate(self.steps):
             first.setdefault(j, i)
         left = Counter(j for j, _, _ in self.steps)      # steps left per job, to spread the next panel's loads
-        panels = {0: _Panel(self, jobs[0], self.uses[0])}
+        panels = {0: Panel(self, jobs[0], self.uses[0])}
         streamed = {0: self.streamed_region(0)}
         for i, (j, index, t_cols) in enumerate(self.steps):
             panel = panels[j]
@@ -426,11 +267,11 @@ class _Emitter:
                 self.forget(-j)                      # the previous job's shared epilogue operands
                 loads += panel.regions
                 if j + 1 < len(jobs):
-                    panels[j + 1] = _Panel(self, jobs[j + 1], self.uses[first[j + 1]])
+                    panels[j + 1] = Panel(self, jobs[j + 1], self.uses[first[j + 1]])
             if i + 1 < len(self.steps):
                 streamed[i + 1] = self.streamed_region(i + 1)
                 loads.append(streamed[i + 1])
-            _emit_by_use(loads)
+            emit_by_use(loads)
             if j + 1 in panels:
                 successor = panels[j + 1]
                 successor.advance(successor.emitted + math.ceil((successor.nbytes - successor.emitted) / left[j]))
@@ -458,7 +299,7 @@ class _Emitter:
         for j, _, (_, t_width) in self.steps:
             subtiles = self.subtiles_of[j]
             row = []
-            for blk in _blocks(len(subtiles)):
+            for blk in blocks(len(subtiles)):
                 per_kt = sum(self.pe_seconds(*self.tile_shape(t_width, subtiles[r][1])) for r in blk)
                 row.append((t, per_kt))
                 t += per_kt * self.k_tiles
@@ -469,12 +310,12 @@ class _Emitter:
         """[partitions, free] of the output tile of a streamed tile and a resident sub-tile of those widths."""
         return (t_width, r_width) if self.along_v else (r_width, t_width)
 
-    def streamed_region(self, i: int) -> _Region:
+    def streamed_region(self, i: int) -> Region:
         _, index, t_cols = self.steps[i]
-        return _Region(self, self.plan.streamed, index, t_cols, self.uses[i][0])
+        return Region(self, self.plan.streamed, index, t_cols, self.uses[i][0])
 
-    def epilogue_loads(self, i: int, b: int) -> list[_Later]:
-        """The epilogue operand loads of block b of step i for `_emit_by_use`, due at its evacuation less their
+    def epilogue_loads(self, i: int, b: int) -> list[Later]:
+        """The epilogue operand loads of block b of step i for `emit_by_use`, due at its evacuation less their
         transfer time."""
         if not self.loads:
             return []
@@ -482,9 +323,9 @@ class _Emitter:
         rate = cost.dma_rate(self.kb.hw, DMA_QUEUES)
         full = [v.dtype.itemsize for v in self.loads.values() if self.block_view(v).strides[self.nb + 2]]
         seconds = sum(full) * t_width * self.plan.tile(self.plan.resident) * BLOCK_TILES / rate
-        return [_Later(t0 + per_kt * self.k_tiles - seconds, lambda: self.block_operands(i, b))]
+        return [Later(t0 + per_kt * self.k_tiles - seconds, lambda: self.block_operands(i, b))]
 
-    def block(self, i: int, b: int, part: list[int], panel: _Panel, streamed: _Region) -> None:
+    def block(self, i: int, b: int, part: list[int], panel: Panel, streamed: Region) -> None:
         """Sub-tiles `part` of block b of step i against the streamed tile, k outermost, then evacuated and
         stored."""
         _, index, t_cols = self.steps[i]
@@ -554,7 +395,7 @@ class _Emitter:
             out = self.kb.sbuf(self.name("out"), gemm.out.dtype, *self.out_shape(m_cols, n_cols)) \
                 if self.kept is None else self.kept_tile(m_cols, n_cols)
             use = (self.clocks.pe_seconds, seconds)
-            a, b = _Region(self, "a", index, m_cols, use, False), _Region(self, "b", index, n_cols, use, False)
+            a, b = Region(self, "a", index, m_cols, use, False), Region(self, "b", index, n_cols, use, False)
             box = (*((i, 1) for i in index), m_cols, n_cols)
             self.accumulate([((a, 0, m_cols[1]), (b, 0, n_cols[1]))], [out], lambda: [
                 {node: load_operand(self.kb, view, self.pdim, box, self.name(f"e{node.name}_"))
