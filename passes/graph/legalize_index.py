@@ -60,13 +60,19 @@ def _to_int(rw: Rewriter, x: ir.Node, dtype: DType, bound: int) -> ir.Node:
     truncates; `index_bound` tells later integer math the bound. The fp32 nodes x is made of (up to the first
     value of another dtype: a compare, an integer input) keep fp32 (`keep_fp32`): auto_cast="all" would store them
     in bf16, whose integers are exact only up to 256."""
+    return rw.emit("cast", (exact_index(x),), x.shape, dtype, integral=True, index_bound=int(bound))
+
+
+def exact_index(x: ir.Node) -> ir.Node:
+    """x, an fp32 index or count (an integer within 2^24), with the fp32 nodes it is made of (up to the first value
+    of another dtype) marked `keep_fp32`: auto_cast="all" would store them in bf16, exact only up to 256."""
     stack = [x]
     while stack:
         n = stack.pop()
         if n.dtype is FP32 and not n.attrs.get("keep_fp32"):
             n.attrs["keep_fp32"] = True
             stack.extend(n.inputs)
-    return rw.emit("cast", (x,), x.shape, dtype, integral=True, index_bound=int(bound))
+    return x
 
 
 def _arg_extreme(rw: Rewriter, x: ir.Node, axis: int, op: str, keepdim: bool, index_dtype: DType):

@@ -27,7 +27,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_index import EXACT_FP32, _log_step_scan, _magnitude_bound, _to_int
+from trnc.passes.graph.legalize_index import EXACT_FP32, _log_step_scan, _magnitude_bound, _to_int, exact_index
 from trnc.passes.graph.legalize_table import dim_of, index_tensor, rule, take
 
 if TYPE_CHECKING:
@@ -48,22 +48,10 @@ def _position(rw: Rewriter, index: ir.Node, size: int, wrap: bool) -> ir.Node:
             value = torch.where(value < 0, value + size, value)
         if value.numel() and bool(((value < 0) | (value >= size)).any()):
             rw.fail(f"has an index out of range for a dim of size {size} (torch raises)")
-        return _exact(rw.const(value.to(torch.float32), FP32))
+        return exact_index(rw.const(value.to(torch.float32), FP32))
     index = index_tensor(rw, index, size, wrap)
     guard = take(rw, rw.const(torch.zeros(size), FP32), 0, index)
-    return _exact(rw.binary("add", rw.cast(index, FP32), guard, FP32))
-
-
-def _exact(x: ir.Node) -> ir.Node:
-    """x, an fp32 index or count (an integer within 2^24), with the fp32 nodes it is made of marked `keep_fp32`:
-    auto_cast="all" would store them in bf16, whose integers are exact only up to 256 (legalize_index's _to_int)."""
-    stack = [x]
-    while stack:
-        n = stack.pop()
-        if n.dtype is FP32 and not n.attrs.get("keep_fp32"):
-            n.attrs["keep_fp32"] = True
-            stack.extend(n.inputs)
-    return x
+    return exact_index(rw.binary("add", rw.cast(index, FP32), guard, FP32))
 
 
 def _bound(rw: Rewriter, x: ir.Node) -> float:
@@ -115,10 +103,10 @@ def _scatter(rw: Rewriter, x: ir.Node, dim: int, pos: ir.Node, src: ir.Node, mod
     for d, s in enumerate(pos.shape):
         src = rw.slice(src, d, 0, s)
     src = rw.reshape(rw.cast(src, FP32), pos.shape[:dim + 1] + (1,) + pos.shape[dim + 1:])
-    pos = _exact(rw.reshape(pos, src.shape))
+    pos = exact_index(rw.reshape(pos, src.shape))
     iota_shape = [1] * (rank + 1)
     iota_shape[dim + 1] = size
-    hot = rw.binary("eq", pos, _exact(rw.const(torch.arange(size, dtype=torch.float32).reshape(iota_shape), FP32)))
+    hot = rw.binary("eq", pos, exact_index(rw.const(torch.arange(size, dtype=torch.float32).reshape(iota_shape), FP32)))
     hits = rw.cast(hot, FP32)
     hit = rw.reduce(hits, "max", (dim,), False, FP32)
     zero = rw.scalar_const(0.0, FP32)
@@ -133,14 +121,15 @@ def _scatter(rw: Rewriter, x: ir.Node, dim: int, pos: ir.Node, src: ir.Node, mod
         iota_m = [1] * (rank + 1)
         iota_m[dim] = count
         order = rw.const(torch.arange(count, dtype=torch.float32).reshape(iota_m), FP32)
-        last = _exact(rw.reduce(rw.where(hot, order, rw.scalar_const(-1.0, FP32), FP32), "max", (dim,), True, FP32))
+        latest = rw.where(hot, order, rw.scalar_const(-1.0, FP32), FP32)
+        last = exact_index(rw.reduce(latest, "max", (dim,), True, FP32))
         pick = rw.binary("and", hot, rw.binary("eq", order, last))
         got = rw.reduce(rw.where(pick, src, rw.scalar_const(-math.inf, FP32), FP32), "max", (dim,), False, FP32)
     hit = _pad_to(rw, rw.scalar(hit, "gt", 0.5), x.shape, 0)
     got = _pad_to(rw, got, x.shape, 0.0)
     xf = rw.cast(x, FP32)
     if mode == "mean":
-        n = _exact(_pad_to(rw, rw.reduce(hits, "sum", (dim,), False, FP32), x.shape, 0.0))
+        n = exact_index(_pad_to(rw, rw.reduce(hits, "sum", (dim,), False, FP32), x.shape, 0.0))
         if include_self:
             got, n = rw.binary("add", got, xf, FP32), rw.scalar(n, "add", 1.0, dtype=FP32)
         got = rw.binary("div", got, n, FP32)
@@ -285,7 +274,7 @@ def _index_put(rw: Rewriter, n, a):
         pos = _position(rw, rw.expand(index, batch) if index.op != "const" else
                         rw.const(rw.torch_value(index, torch.int64).expand(batch), DType.INT32), size, True)
         pos = rw.scalar(pos, "mul", stride, dtype=FP32) if stride != 1 else pos
-        flat = _exact(pos if flat is None else rw.binary("add", flat, pos, FP32))
+        flat = exact_index(pos if flat is None else rw.binary("add", flat, pos, FP32))
     if math.prod(sizes) > EXACT_FP32:
         rw.fail("over indexed dims of more than 2^24 elements is not supported")
     pre, post = x.shape[:start], x.shape[start + len(used):]
