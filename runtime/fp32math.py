@@ -26,7 +26,7 @@ from trnc.runtime import fp32round, fp32special, fp32trig
 from trnc.runtime.fp32pow import pow_
 from trnc.runtime.fp32util import (
     EXP_LO, EXP_POLY, INF, LN2_HI, LN2_LO, LOG2E, LOG_POLY, copysign, exp_parts, fabs, float_max, float_min, horner,
-    horner_values, ldexp, no_nan, pow2, split_exponent,
+    horner_values, ldexp, log_reduce, no_nan, pow2,
 )
 from trnc.runtime.ops_numpy import F32, I32, NP, U32
 
@@ -148,13 +148,7 @@ def log(o, x):
     x = 2^k m with m in [sqrt(1/2), sqrt(2)) (subnormals scaled by 2^23 first); f = m - 1 is exact;
     with s = f / (2 + f), log(1 + f) = f - f^2/2 + s (f^2/2 + s^2 R(s^2)); then + k ln 2 in two parts.
     """
-    one = o.f32(1)
-    xs = o.select(o.and_(o.gt(x, o.f32(0)), o.lt(x, o.f32(INF))), x, one)
-    k, m = split_exponent(o, xs)
-    f = o.sub(m, one)
-    s = o.div(f, o.add(o.f32(2), f))
-    z = o.mul(s, s)
-    hfsq = o.mul(o.mul(o.f32(0.5), f), f)
+    k, f, s, z, hfsq = log_reduce(o, x)
     kf = o.itof(k, F32)
     lo = o.add(o.mul(s, o.add(hfsq, o.mul(z, horner(o, LOG_POLY, z)))), o.mul(kf, o.f32(LN2_LO)))
     res = o.add(o.mul(kf, o.f32(LN2_HI)), o.sub(f, o.sub(hfsq, lo)))

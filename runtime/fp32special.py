@@ -7,8 +7,8 @@ from __future__ import annotations
 from trnc.runtime.fp32pow import _two_prod
 from trnc.runtime.fp32round import _ilogb
 from trnc.runtime.fp32util import (
-    EXP_LO, INF, LOG_POLY, copysign, exp_parts, fabs, float_max, float_min, horner, horner_values, ldexp, no_nan,
-    split_exponent,
+    EXP_LO, INF, LOG_POLY, copysign, exp_parts, fabs, float_max, float_min, horner, horner_values, ldexp, log_reduce,
+    no_nan,
 )
 from trnc.runtime.ops_numpy import F32, I32, U32
 
@@ -67,13 +67,7 @@ def _log_specials(o, x, res):
 def _log_parts(o, x):
     """log(x) = k ln 2 + hi + lo for finite x > 0 (other x give log 1): hi the 12-bit head of f - f^2/2, where
     x = 2^k (1 + f) as in fp32math.log, and lo the rest (fdlibm's log2f / log10f split)."""
-    one = o.f32(1)
-    xs = o.select(o.and_(o.gt(x, o.f32(0)), o.lt(x, o.f32(INF))), x, one)
-    k, m = split_exponent(o, xs)
-    f = o.sub(m, one)
-    s = o.div(f, o.add(o.f32(2), f))
-    z = o.mul(s, s)
-    hfsq = o.mul(o.mul(o.f32(0.5), f), f)
+    k, f, s, z, hfsq = log_reduce(o, x)
     hi = o.bitcast(o.and_(o.bitcast(o.sub(f, hfsq), U32), o.u32(0xFFFFF000)), F32)
     lo = o.add(o.sub(o.sub(f, hi), hfsq), o.mul(s, o.add(hfsq, o.mul(z, horner(o, LOG_POLY, z)))))
     return o.itof(k, F32), hi, lo

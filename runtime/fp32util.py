@@ -87,6 +87,20 @@ def split_exponent(o, x):
     return k, m
 
 
+
+def log_reduce(o, x):
+    """The shared start of the logarithms (fp32math.log, fp32special's log2 and log10): for finite x > 0 (other x
+    read as 1), x = 2^k (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)), f exact; s = f / (2 + f), z = s^2 and
+    hfsq = f^2 / 2. Returns (k, f, s, z, hfsq)."""
+    one = o.f32(1)
+    xs = o.select(o.and_(o.gt(x, o.f32(0)), o.lt(x, o.f32(INF))), x, one)
+    k, m = split_exponent(o, xs)
+    f = o.sub(m, one)
+    s = o.div(f, o.add(o.f32(2), f))
+    z = o.mul(s, s)
+    return k, f, s, z, o.mul(o.mul(o.f32(0.5), f), f)
+
+
 def float_max(o, x, limit: float):
     """max(x, limit) of a NaN-free f32 x."""
     return o.select(o.lt(x, o.f32(limit)), o.f32(limit), x)
