@@ -44,14 +44,15 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
     """Compile `model` for the example inputs' shapes; see CompiledModel for what comes back.
 
     precision: "fp32", "bf16", "fp16" (the type auto_cast casts to), "fp8" (weights' matmuls in fp8 scaled
-    per tensor), "mxfp8" or "mxfp4" (weights' matmuls in MX blocks of 32 along K, on trn3); the rest of a
+    per tensor), "mxfp8" or "mxfp4" (weights' matmuls in MX blocks of 32 along K, on trn3 or emulated); the rest of a
     scaled precision's model as bf16 would be (passes/graph/quantize.py). auto_cast: "none", "matmult"
     (default but for fp32: matmul operands) or "all" (every intermediate value). target: "trn1", "trn2",
     "trn3". fp8_format: "e4m3" (OCP e4m3fn) or "e5m2", the fp8 and mxfp8 elements; fp8_scaling: "dynamic"
     (activation scales computed on the device) or "static" (calibrated on the example inputs); mx_scale:
     "floor" (OCP v1.0), "rceil" or "trn_alt", the E8M0 scale rule; emulate: run fp8 on a target without fp8
-    double-row matmuls (trn1), at bf16 speed; keep_precision: {module-path glob: "fp32" | "bf16" | "fp16"},
-    the layers whose matmuls keep that precision, e.g. {"lm_head": "bf16", "*.attn.*": "bf16"}; rounding:
+    double-row matmuls (trn1), or mxfp8 and mxfp4 on one without MX matmuls (trn1, trn2), at bf16 speed;
+    keep_precision: {module-path glob: "fp32" | "bf16" | "fp16"}, the layers whose matmuls keep that precision,
+    e.g. {"lm_head": "bf16", "*.attn.*": "bf16"}; rounding:
     "nearest" (even) or "stochastic" for the values the engines write in bf16, fp16 or fp8 (elementwise kernels'
     and matmul and convolution evacuations' results; norms, softmax, attention and DMA conversions round to
     nearest), reproducible from `seed`. attention_precision: "auto" (attention's two matmuls follow auto_cast:

@@ -42,12 +42,13 @@ def _check(name: str, value, allowed) -> None:
 @dataclass(frozen=True)
 class Options:
     """What the user chose; validated on construction. auto_cast None takes the precision's default:
-    "none" for fp32 (nothing to cast to), "matmult" otherwise. fp8 needs a target with fp8 double-row matmuls
-    unless `emulate` asks for it at bf16 speed. keep_precision maps glob patterns over nn.Module paths to the
-    precision those layers' matmuls keep (fp32, bf16, fp16): the scaled formats leave them alone, and their
-    operands are in that dtype. rounding="stochastic" rounds the values the engines write in bf16, fp16 or fp8
-    stochastically, from `seed` (passes/tile/kernels/engines.py write). attention_precision sets the dtype of
-    attention's two matmuls (fp32, bf16, fp16); "auto" lets them follow auto_cast, as every other matmul."""
+    "none" for fp32 (nothing to cast to), "matmult" otherwise. fp8 needs a target with fp8 double-row matmuls,
+    mxfp8 and mxfp4 one with MX matmuls, unless `emulate` asks for them at bf16 speed. keep_precision maps glob
+    patterns over nn.Module paths to the precision those layers' matmuls keep (fp32, bf16, fp16): the scaled
+    formats leave them alone, and their operands are in that dtype. rounding="stochastic" rounds the values the
+    engines write in bf16, fp16 or fp8 stochastically, from `seed` (passes/tile/kernels/engines.py write).
+    attention_precision sets the dtype of attention's two matmuls (fp32, bf16, fp16); "auto" lets them follow
+    auto_cast, as every other matmul."""
 
     precision: str = "fp32"
     auto_cast: str | None = None
@@ -82,10 +83,11 @@ class Options:
         _check("attention_precision", self.attention_precision, ATTENTION_PRECISIONS)
         if type(self.seed) is not int or not 0 <= self.seed < 2 ** 32:
             raise TrncError(f"seed={self.seed!r} is not allowed; give an int in [0, 2^32)")
-        if self.precision in ("mxfp8", "mxfp4") and not TARGETS[self.target].mx:
+        if self.precision in ("mxfp8", "mxfp4") and not TARGETS[self.target].mx and not self.emulate:
             having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.mx)
             raise TrncError(f"precision={self.precision!r} needs MX matmuls and quantize_mx, which target "
-                            f"{self.target!r} lacks; choose a target that has them ({having})")
+                            f"{self.target!r} lacks; choose a target that has them ({having}) or pass "
+                            "emulate=True to emulate them at bf16 speed")
         if self.precision == "fp8" and not TARGETS[self.target].fp8_double_row and not self.emulate:
             having = ", ".join(repr(t) for t, hw in TARGETS.items() if hw.fp8_double_row)
             raise TrncError(f"precision='fp8' needs fp8 double-row matmuls, which target {self.target!r} lacks; "

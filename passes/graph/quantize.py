@@ -20,7 +20,9 @@ auto_cast="all" narrows.
 MX: a matmul x @ w whose weight w [K, N] is a constant and K a multiple of 32 becomes one `matmul_mx` node (x,
 w's elements, w's E8M0 scales): the weight quantized now along K (runtime/mx.py quantize_mx, the mx_scale
 rule), the activation quantized on the device by quantize_mx as the kernel loads its K-tiles
-(passes/tile/kernels/matmul_mx.py), and matmul_mx multiplying the two with both blocks' scales.
+(passes/tile/kernels/matmul_mx.py), and matmul_mx multiplying the two with both blocks' scales. A target
+without MX (emulate=True) gets the same quantization in its own instructions and a bf16 matmul
+(passes/graph/emulate_mx.py).
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ from trnc import ir
 from trnc.interpret import evaluate_graph
 from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.isa.enums import ScaleMode
+from trnc.isa.config import TARGETS
 from trnc.options import MX_SCALES
+from trnc.passes.graph.emulate_mx import emulated_mx_matmul
 from trnc.runtime.convert import from_fp32, to_fp32
 from trnc.runtime.mx import quantize_mx
 
@@ -147,25 +151,27 @@ def quantize(graph: ir.Graph, fp8: DType, example_inputs, kept=lambda module: No
     return {"fp8_matmuls": quantized}
 
 
-def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode, kept=lambda module: None) -> dict:
-    """Rewrite every weight's matmul of `graph` that MX can take (mx_matmul) to a matmul_mx, but those `kept`
-    names a dtype for."""
+def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode, kept=lambda module: None,
+                        emulate: bool = False) -> dict:
+    """Rewrite every weight's matmul of `graph` that MX can take to a matmul_mx (mx_matmul), or to its emulation
+    (emulated_mx_matmul) on a target without MX, but those `kept` names a dtype for."""
+    rewrite = emulated_mx_matmul if emulate else mx_matmul
     replaced: dict[ir.Node, ir.Node] = {}
     nodes: list[ir.Node] = []
     for n in graph.nodes:
         n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
-        new = mx_matmul(n, elem, mode) if n.op == "matmul" and kept(n.module) is None and not n.attrs.get("keep_fp32") \
+        new = rewrite(n, elem, mode) if n.op == "matmul" and kept(n.module) is None and not n.attrs.get("keep_fp32") \
             else None
         if new is None:
             nodes.append(n)
             continue
-        nodes[:0] = new[:2]
-        nodes.extend(new[2:])
+        nodes[:0] = [i for i in new if i.op == "const"]      # constants first, as capture lays them out
+        nodes.extend(i for i in new if i.op != "const")
         replaced[n] = new[-1]
     graph.nodes = nodes
     graph.outputs = [replaced.get(o, o) for o in graph.outputs]
     graph.prune()
-    return {"mx_matmuls": len(replaced)}
+    return {"mx_emulated_matmuls" if emulate else "mx_matmuls": len(replaced)}
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,7 @@ class Quantize:
             return {}
         if options.mx_dtype is not None:
             return quantize_mx_matmuls(state.graph, options.mx_dtype, MX_SCALES[options.mx_scale],
-                                       options.kept_dtype)
+                                       options.kept_dtype, emulate=not TARGETS[options.target].mx)
         if options.fp8_dtype is None:
             return {}
         inputs = None

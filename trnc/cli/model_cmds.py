@@ -242,7 +242,8 @@ def add_parsers(sub) -> None:
                    help="how values written in bf16, fp16 or fp8 round. Defaults to nearest (even).")
     p.add_argument("--seed", type=int, default=Options.seed, help="the seed of stochastic rounding. Defaults to 0.")
     p.add_argument("--emulate", action="store_true",
-                   help="run fp8 on a target without fp8 double-row matmuls (trn1), at bf16 speed.")
+                   help="run fp8 on a target without fp8 double-row matmuls (trn1), or mxfp8 and mxfp4 on one "
+                        "without MX matmuls (trn1, trn2), at bf16 speed.")
     p.add_argument("--target", choices=TARGETS, default=Options.target,
                    help=f"the machine preset. Defaults to {Options.target}.")
     p.add_argument("--auto-cast", help="what is cast to the precision: none, matmult (matmul operands) or all "
