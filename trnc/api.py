@@ -53,10 +53,10 @@ def compile(model, example_inputs, *, precision: str = Options.precision, target
     double-row matmuls (trn1), or mxfp8 and mxfp4 on one without MX matmuls (trn1, trn2), at bf16 speed;
     keep_precision: {module-path glob: "fp32" | "bf16" | "fp16"}, the layers whose matmuls keep that precision,
     e.g. {"lm_head": "bf16", "*.attn.*": "bf16"}; rounding:
-    "nearest" (even) or "stochastic" for the values the engines write in bf16, fp16 or fp8 (elementwise kernels'
-    and matmul and convolution evacuations' results; norms, softmax, attention and DMA conversions round to
-    nearest), reproducible from `seed`. attention_precision: "auto" (attention's two matmuls follow auto_cast:
-    bf16 under the scaled precisions), "fp32", "bf16" or "fp16".
+    "nearest" (even) or "stochastic" for every value the program converts to bf16, fp16 or fp8 (kernel results,
+    evacuations and the conversions of loads, stores and copies; constants cast at compile time round to
+    nearest: docs/precision.md), reproducible from `seed`. attention_precision: "auto" (attention's two
+    matmuls follow auto_cast: bf16 under the scaled precisions), "fp32", "bf16" or "fp16".
     cache: reuse and fill the compile cache on disk (trnc/compile_cache.py); False, TRNC_CACHE=0 or a
     print_after request (the passes must run to print) compile without it. stats["cache"] says "hit",
     "miss" or "off"; stats["compile_seconds"] is the time of this call. trnc/options.py checks the values.

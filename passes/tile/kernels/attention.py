@@ -38,6 +38,10 @@ with GpSimdE's affine_select). Additive masks (and causal with scale <= 0): Scal
 to SBUF, the mask tile is added, causal entries are set to -inf (affine_select), and the standard
 plan runs on that tile, the softmax input as torch forms it (scale*S + mask).
 
+Stochastic rounding (Options.rounding): the operands converted on load (engines.load), P and the output are
+computed in fp32 and rounded by engines.write; -max in the transposed plan rounds to nearest, a shift that the
+row sums, from the same matmul, undo.
+
 Limits: D <= 128 (the PE contraction), Dv <= 511 (Dv + 1 fp32 in one PSUM bank), Sk <= MAX_KEYS in the
 transposed plan and MAX_KEYS_STANDARD in the standard one (a [128, Sk] fp32 score tile takes Sk/512 of
 PSUM's 8 banks, and the standard plan keeps two in flight); legalize lowers an attention beyond
@@ -55,6 +59,7 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import MOVING_FMAX, PARTITIONS, PSUM_BANK_BYTES
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
+from trnc.passes.tile.kernels import engines
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 FP32, BF16 = DType.FP32, DType.BF16
@@ -202,21 +207,23 @@ class _AttentionLowering:
         if index in self.heads:
             return self.heads[index]
         g, kb, nb, extra = self.g, self.kb, len(self.g.batch), self.extra
+
+        def load(dst: Tile, src) -> None:    # converted to the compute dtype as the program rounds
+            engines.load(kb, dst, src, lambda d, a: kb.dma_split(d, a, DMA_CHUNK))
         qt = kb.sbuf("qT", g.cd, g.d + extra, (g.sq,))
-        kb.dma_split(qt.narrow(0, 0, g.d), self.q.box_ap(nb + 1, self._box(index, (0, g.sq), (0, g.d))), DMA_CHUNK)
+        load(qt.narrow(0, 0, g.d), self.q.box_ap(nb + 1, self._box(index, (0, g.sq), (0, g.d))))
         kt = kb.sbuf("kT", g.cd, g.d + extra, (g.sk,))
-        kb.dma_split(kt.narrow(0, 0, g.d), self.k.box_ap(nb + 1, self._box(index, (0, g.sk), (0, g.d))), DMA_CHUNK)
+        load(kt.narrow(0, 0, g.d), self.k.box_ap(nb + 1, self._box(index, (0, g.sk), (0, g.d))))
         v = kb.sbuf("v", g.cd, min(P, g.sk), (-(-g.sk // P), g.dv + extra))
         full, rest = divmod(g.sk, P)
         if full:   # key tiles: the Sk axis split as [full, 128]
             base = self.v.offset + sum(i * s for i, s in zip(index, self.v.strides))
             s_key, s_col = self.v.strides[-2:]
             tiles = HbmView(self.v.tensor, self.v.dtype, (full, P, g.dv), (P * s_key, s_key, s_col), base)
-            kb.dma_split(v.narrow(1, 0, full).narrow(2, 0, g.dv), tiles.box_ap(1, ((0, full), (0, P), (0, g.dv))),
-                         DMA_CHUNK)
+            load(v.narrow(1, 0, full).narrow(2, 0, g.dv), tiles.box_ap(1, ((0, full), (0, P), (0, g.dv))))
         if rest:
-            kb.dma_split(v.narrow(1, full, 1).narrow(0, 0, rest).narrow(2, 0, g.dv),
-                         self.v.box_ap(nb, self._box(index, (full * P, rest), (0, g.dv))), DMA_CHUNK)
+            load(v.narrow(1, full, 1).narrow(0, 0, rest).narrow(2, 0, g.dv),
+                 self.v.box_ap(nb, self._box(index, (full * P, rest), (0, g.dv))))
         if extra:
             kb.emit("memset", (Engine.POOL,), dst=kt.narrow(0, g.d, 1), value=1.0)
             kb.emit("memset", (Engine.POOL,), dst=v.narrow(2, g.dv, 1), value=1.0)
@@ -310,8 +317,10 @@ class _AttentionLowering:
         kb.emit("tensor_scalar", self.small, dst=bias, src=item.bias, op0=AluOp.MUL, scalar0=-item.scale)
         item.p = kb.sbuf("p", self.g.cd, qn, (item.keys,))
         item.stat = kb.sbuf("sum", FP32, qn, (1,))
-        kb.emit("activation", dst=item.p, src=item.src, func=ActFunc.EXP, scale=item.scale, bias_ap=bias,
+        p = self._wide(item.p)
+        kb.emit("activation", dst=p, src=item.src, func=ActFunc.EXP, scale=item.scale, bias_ap=bias,
                 accum=item.stat)
+        self._round(item.p, p)
 
     def transpose_p(self, item: _Item) -> None:
         g, kb, qn = self.g, self.kb, item.qn
@@ -345,8 +354,20 @@ class _AttentionLowering:
         else:
             kb.emit("tensor_scalar", self.small, dst=inv, src=item.stat, op0=AluOp.DIV, scalar0=1.0, reverse0=True)
         y = kb.sbuf("y", g.out, qn, (g.dv,))
-        kb.emit("tensor_scalar", (Engine.ACT,), dst=y, src=o, op0=AluOp.MUL, scalar0_ap=inv)
+        wide = self._wide(y)
+        kb.emit("tensor_scalar", (Engine.ACT,), dst=wide, src=o, op0=AluOp.MUL, scalar0_ap=inv)
+        self._round(y, wide)
         self._store(item, y)
+
+    def _wide(self, tile: Tile) -> Tile:
+        """Where to compute the values of `tile`: itself, or an fp32 tile when they round stochastically."""
+        return self.kb.sbuf(f"{tile.buffer.name.rsplit('.', 1)[-1]}_fp32", FP32, tile.partitions, tile.shape[1:]) \
+            if engines.stochastic(self.kb, tile.dtype) else tile
+
+    def _round(self, tile: Tile, wide: Tile) -> None:
+        """`tile` = `wide` rounded stochastically (engines.write), when _wide gave another tile."""
+        if wide is not tile:
+            engines.write(self.kb, tile, wide)
 
     def _pv(self, item: _Item, pt: Tile, columns: int) -> Tile:
         """O [q, columns] = sum over key tiles of P^T-block (stationary) x V-tile (moving), in one PSUM bank."""
@@ -366,6 +387,7 @@ class _AttentionLowering:
     # -- the transposed plan: -max as a row, S^T - max on the PE, exp, P V with the sums -----------
     def max_row(self, item: _Item) -> None:
         _, _, mx = self.scores(item)
+        # -max rounds to nearest even even under stochastic rounding: a shift the row sums (same matmul) undo
         item.stat = self.kb.sbuf("nmax", self.g.cd, item.qn, (1,))
         # GpSimdE when it is idle; under causal it masks the diagonal blocks of P^T, in the order of the
         # tiles some stages behind, and -max waiting there would hold back the next transposes
@@ -387,6 +409,7 @@ class _AttentionLowering:
         per_bank = MOVING_FMAX // qn
         st = kb.psum("sT", min(P, item.keys), (-(-tiles // per_bank), MOVING_FMAX))
         item.p = kb.sbuf("pT", g.cd, min(P, item.keys), (tiles, qn))
+        p = self._wide(item.p)
         moving = h.qt.narrow(1, item.q0, qn)
 
         def block(j: int) -> Tile:
@@ -398,13 +421,14 @@ class _AttentionLowering:
             group = list(range(j0, min(tiles, j0 + per_bank)))
             whole = [j for j in group if item.key_rows(j) == P]
             if whole:
-                kb.emit("activation", dst=item.p.narrow(1, j0, len(whole)),
+                kb.emit("activation", dst=p.narrow(1, j0, len(whole)),
                         src=st.select(1, j0 // per_bank).narrow(1, 0, len(whole) * qn), func=ActFunc.EXP,
                         scale=g.scale)
             if len(whole) < len(group):
                 j = group[-1]
-                kb.emit("activation", dst=item.p.narrow(0, 0, item.key_rows(j)).select(1, j), src=block(j),
+                kb.emit("activation", dst=p.narrow(0, 0, item.key_rows(j)).select(1, j), src=block(j),
                         func=ActFunc.EXP, scale=g.scale)
+        self._round(item.p, p)
         for j in range(tiles):
             kn = item.key_rows(j)
             if g.causal and j * P + kn - 1 > item.q0:   # keep P^T[k, q] where q0 + q - (j*128 + k) >= 0
@@ -416,8 +440,10 @@ class _AttentionLowering:
         g, kb = self.g, self.kb
         o = self._pv(item, item.p, g.dv + 1)
         y = kb.sbuf("y", g.out, item.qn, (g.dv,))
-        kb.emit("tensor_scalar", (Engine.DVE,), dst=y, src=o.narrow(1, 0, g.dv), op0=AluOp.DIV,
+        wide = self._wide(y)
+        kb.emit("tensor_scalar", (Engine.DVE,), dst=wide, src=o.narrow(1, 0, g.dv), op0=AluOp.DIV,
                 scalar0_ap=o.narrow(1, g.dv, 1))
+        self._round(y, wide)
         self._store(item, y)
 
     # -- the software pipeline ---------------------------------------------------------------------

@@ -99,7 +99,8 @@ def _weights(kb: TileBuilder, w: HbmView, dtype: DType, rows: tuple[int, int], c
     up to WEIGHT_DMA_BYTES (weights load ahead of their use, so a few large ones beat many small ones)."""
     _, kh, kw, _ = w.shape
     tile = kb.sbuf("w", dtype, rows[1], (kh * kw, cols[1]))
-    kb.dma_split(tile, w.box_ap(0, (rows, (0, kh), (0, kw), cols)), WEIGHT_DMA_BYTES)
+    engines.load(kb, tile, w.box_ap(0, (rows, (0, kh), (0, kw), cols)),
+                 lambda d, a: kb.dma_split(d, a, WEIGHT_DMA_BYTES))
     return tile
 
 
@@ -145,9 +146,10 @@ def _im2col(kb: TileBuilder, win: Window, x: HbmView, w: HbmView, dtype: DType, 
     weights = {}
     for k, taps in enumerate(k_tiles):
         for co in cout_tiles:
-            tile = weights[k, co] = kb.sbuf("w", dtype, len(taps) * cin, (co[1],))
+            tile = kb.sbuf("w", engines.landing(kb, dtype, w.dtype), len(taps) * cin, (co[1],))
             for q, (i, j) in enumerate(taps):
                 kb.dma(tile.narrow(0, q * cin, cin), w.box_ap(0, ((0, cin), (i, 1), (j, 1), co)))
+            weights[k, co] = engines.rounded(kb, tile, dtype)
     rows, cols = output_blocks(win.out, MOVING_FMAX)
     per_col_tile = max(1, IM2COL_FREE // (rows * cols)) * rows
     work = [(n, (r0, min(per_col_tile, win.out[0] - r0), c0, min(cols, win.out[1] - c0)))
@@ -177,7 +179,7 @@ def _columns(kb: TileBuilder, win: Window, x: HbmView, n: int, region, taps, cin
     by one DMA of a strided window (from HBM, or from the resident image), its outputs over the padding zero."""
     r0, height, c0, width = region
     image = resident_image(kb, x)
-    tile = kb.sbuf("cols", dtype, len(taps) * cin, (height, width))
+    tile = kb.sbuf("cols", engines.landing(kb, dtype, x.dtype), len(taps) * cin, (height, width))
     ranges = [(win.tap_range(0, i, r0, height), win.tap_range(1, j, c0, width)) for i, j in taps]
     if any(rn != height or cn != width for (_, rn), (_, cn) in ranges):
         engines.emit(kb, "memset", dst=tile, value=0.0)
@@ -193,7 +195,7 @@ def _columns(kb: TileBuilder, win: Window, x: HbmView, n: int, region, taps, cin
             continue
         window = x.narrow(2, h0, h0 + (rn - 1) * sh + 1, sh).narrow(3, w0, w0 + (cn - 1) * sw + 1, sw)
         kb.dma(dst, window.box_ap(1, ((n, 1), (0, cin), (0, rn), (0, cn))))
-    return tile
+    return engines.rounded(kb, tile, dtype)
 
 
 def _depthwise(kb: TileBuilder, win: Window, x: HbmView, w: HbmView, dtype: DType, evacuate: Evacuation) -> None:
@@ -203,7 +205,7 @@ def _depthwise(kb: TileBuilder, win: Window, x: HbmView, w: HbmView, dtype: DTyp
     band_list = bands(win, block, 1, dtype.itemsize)
     for chans in channel_tiles(channels):
         weights = kb.sbuf("w", dtype, chans[1], (kh * kw,))
-        kb.dma(weights, w.box_ap(3, ((0, 1), (0, kh), (0, kw), chans)))
+        engines.load(kb, weights, w.box_ap(3, ((0, 1), (0, kh), (0, kw), chans)))
         work = [(n, band, blocks) for n in range(x.shape[0]) for band, blocks in band_list]
 
         def load(item, chans=chans):

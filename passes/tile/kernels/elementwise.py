@@ -278,8 +278,8 @@ class _Chain:
             func = _act_func(n)
             if func is None and n.attrs.get("func") == "neg":
                 emit(self.kb, "tensor_scalar", dst=dst.tile, src=self.src(ins[0], pp), op0=AluOp.MUL, scalar0=-1.0)
-            elif func is None:
-                emit(self.kb, "tensor_copy", dst=dst.tile, src=self.src(ins[0], pp))
+            elif func is None:       # a cast rounds as the program does (engines.write)
+                write(self.kb, dst.tile, self.src(ins[0], pp))
             else:
                 emit(self.kb, "activation", dst=dst.tile, src=self.src(ins[0], pp), func=ActFunc.from_text(func),
                      bias=-0.0)

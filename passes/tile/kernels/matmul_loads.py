@@ -1,7 +1,8 @@
 """The matmul kernel's operand loads (tile stage, passes/tile/kernels/matmul.py): a region of one operand over
 all of K loaded in k order in chunks sized by the kernel's DMA slack, a resident panel as blocks of regions, and
 the order in which TensorE first needs them. An operand the kernel quantizes loads in its own dtype and one
-tensor_scalar writes it in fp8."""
+tensor_scalar writes it in fp8. Under stochastic rounding an operand converted on load (fp32 into bf16) lands in
+fp32 and engines.write rounds it (engines.load)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -96,8 +97,8 @@ class Region:
                          **({"scalar0": scale} if isinstance(scale, float) else {"scalar0_ap": scale}))
             if stochastic:
                 engines.write(e.kb, dst, scaled)
-        else:
-            e.dma(dst, src, target)
+        else:       # converted to the operand's dtype as the program rounds (engines.load)
+            engines.load(e.kb, dst, src, lambda d, a: e.dma(d, a, target))
         self.tiles += [(tile, first + j) for j in range(count)]
         self.kt += count
         return rows * count * width * e.load_itemsize[self.side]

@@ -100,7 +100,7 @@ def _quantize(kb: TileBuilder, xt: HbmView, group: tuple[int, int, int], cols: t
     s = kb.sbuf("xs", DType.E8M0, rows // MX_BLOCK, (count, cols[1]))
     for r in range(count):
         src = kb.sbuf("x", dtype, rows, (cols[1],))
-        boxes.spread(kb, src, xt.box_ap(0, ((start + r * rows, rows), cols)))
+        engines.load(kb, src, xt.box_ap(0, ((start + r * rows, rows), cols)), lambda d, a: boxes.spread(kb, d, a))
         kb.emit("quantize_mx", dst=q.select(1, r), scale=s.select(1, r), src=src, scale_mode=mode)
     return q, s
 

@@ -5,9 +5,11 @@ another, converting the dtype on the way when the two differ. HBM access pattern
 limit, only at most four free dims of at most 65535 each, so the copy is cut into boxes
 (passes/tile/kernels/boxes.py) of a sixteenth of it (between 64 KiB and 1 MiB), which the scheduler spreads
 over the DMA queues. Views the tile pass can express without a copy (reshape, permute, expand, slice)
-never reach here; `cat` copies each input into its slice of the output. A gather loads 128 indices at a
-time onto the partitions of an int32 column and lets `dma_gather` fetch the table rows they name, a
-block of columns at a time, then stores the block.
+never reach here; `cat` copies each input into its slice of the output. The exception: a conversion that
+rounds stochastically (Options.rounding), which no DMA does, goes through SBUF box by box (_copy_on_chip).
+A gather loads 128 indices at a time onto the partitions of an int32 column and lets `dma_gather` fetch the
+table rows they name, a block of columns at a time, then stores the block (engines.store: converted as the
+program rounds).
 """
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from trnc.isa import cost
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import DMA_QUEUES
 from trnc.isa.dtypes import DType
-from trnc.passes.tile.kernels import boxes
+from trnc.passes.tile.kernels import boxes, engines
 from trnc.passes.tile.tiles import HbmView, TileBuilder
 
 MAX_DMA_BYTES = 1 << 20    # per DMA of a copy; a copy spreads over all queues when it is large enough
 GATHER_COLUMNS = 4096      # table columns per gathered block (16 KiB per partition in fp32)
 ROW = 2048                 # elements per row when a contiguous run is cut into rows
+ON_CHIP_FREE = 4096        # elements per partition of a box of a copy through SBUF (_copy_on_chip)
 
 
 def copy_view(kb: TileBuilder, src: HbmView, dst: HbmView) -> None:
@@ -33,6 +36,9 @@ def copy_view(kb: TileBuilder, src: HbmView, dst: HbmView) -> None:
     if src.shape != dst.shape:
         raise ValueError(f"copy_view of shape {src.shape} into {dst.shape}")
     if math.prod(dst.shape) == 0:
+        return
+    if engines.rounds(kb, dst.dtype, src.dtype):
+        _copy_on_chip(kb, src, dst)
         return
     space = boxes.simplify([dst, src])
     regions = [space]
@@ -47,6 +53,25 @@ def copy_view(kb: TileBuilder, src: HbmView, dst: HbmView) -> None:
         chunks[0] = max(1, budget // math.prod(chunks[1:]))
         for box in boxes.boxes(region.shape, chunks):
             kb.dma(views[0].box_ap(0, box), views[1].box_ap(0, box))
+
+
+def _copy_on_chip(kb: TileBuilder, src: HbmView, dst: HbmView) -> None:
+    """copy_view for a conversion that rounds stochastically, which no DMA does: box by box through SBUF, each
+    loaded by engines.load (in fp32, then rounded into a tile of dst's dtype) and stored as it is."""
+    space = boxes.simplify([dst, src])
+    views, shape = space.views, space.shape
+    pdim = max(range(len(shape)), key=lambda d: (shape[d], d))
+    chunks = boxes.plan(shape, pdim, boxes.pchunk(shape[pdim]), ON_CHIP_FREE,
+                        lambda box: boxes.aps_fit(views, pdim, box))
+
+    def load(box):
+        tile = kb.sbuf("copy", dst.dtype, boxes.partitions(box, pdim), (boxes.free_size(box, pdim),))
+        engines.load(kb, tile, views[1].box_ap(pdim, box), lambda d, a: boxes.spread(kb, d, a))
+        return tile
+
+    def store(box, tile):
+        boxes.spread(kb, views[0].box_ap(pdim, box), tile)
+    boxes.pipelined(boxes.boxes(shape, chunks, boxes.partition_first(len(shape), pdim)), load, store)
 
 
 def _cat(kb: TileBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: HbmView) -> None:
@@ -95,8 +120,9 @@ def _gather(kb: TileBuilder, node: ir.Node, views: dict[ir.Node, HbmView], out: 
             for p0 in range(0, idx.partitions, step):      # in pieces, so the rows come in over several queues
                 k = min(step, idx.partitions - p0)
                 kb.emit("dma_gather", dst=block.narrow(0, p0, k), table=table_ap, index=idx.narrow(0, p0, k))
-            boxes.spread(kb, replace(store, dims=((out.strides[-1], n),),
-                                     offset=store.offset + c0 * out.strides[-1] * out.dtype.itemsize), block)
+            engines.store(kb, replace(store, dims=((out.strides[-1], n),),
+                                      offset=store.offset + c0 * out.strides[-1] * out.dtype.itemsize), block,
+                          lambda d, t: boxes.spread(kb, d, t))
 
     boxes.pipelined(boxes.boxes(space.shape, chunks), load, finish)
 

@@ -12,7 +12,8 @@ of each. Two ways to use the 128 partitions, whichever the cost estimate favours
   over the partitions (split into rows when it is one long run), every partition reduces its share of
   the free axis into the accumulator, and partition_reduce (GpSimdE) folds the partitions at the end.
 
-The fp32 accumulator is stored with one DMA, which converts to the output dtype; a kernel with an elementwise
+The fp32 accumulator is stored with one DMA, which converts to the output dtype (under stochastic rounding
+engines.store rounds it into a tile of that dtype first); a kernel with an elementwise
 epilogue (the fuse pass joins the nodes that read the result: the mean's scale, the fp8 scale from an amax)
 computes it on the accumulator first (elementwise.py's chain), its other inputs seen in the same index space.
 """
@@ -24,7 +25,7 @@ from trnc import ir
 from trnc.errors import UnsupportedOpError
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
-from trnc.passes.tile.kernels import boxes
+from trnc.passes.tile.kernels import boxes, engines
 from trnc.passes.tile.kernels.elementwise import Operand, emit_chain, immediate, load_operand
 from trnc.passes.tile.kernels.engines import emit
 from trnc.passes.tile.kernels.movement import copy_view
@@ -220,4 +221,4 @@ class _Reduction:
             result = self.kb.sbuf("out", outs[0].dtype, acc.partitions, (acc.free_size,))
             emit_chain(self.kb, self.epilogue, operands, result)
             acc = result
-        boxes.spread(self.kb, target, acc)
+        engines.store(self.kb, target, acc, lambda d, t: boxes.spread(self.kb, d, t))

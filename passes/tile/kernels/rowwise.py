@@ -4,7 +4,8 @@ Every leading index is a row; rows go on the partitions, 128 per tile, and the l
 along the free axis, so each statistic of a row (max, sum, mean, variance) is one free-axis
 reduction and each per-row constant is a per-partition operand ([P, 1]) of the next instruction.
 x stays in its own dtype on chip (engines read every dtype into fp32); everything is computed
-and accumulated in fp32 and written once, in the output's dtype.
+and accumulated in fp32 and written once, in the output's dtype (under stochastic rounding the last pass
+writes fp32 and engines.write rounds it into the output's dtype).
 
 Per row tile (P rows, C columns), the passes over the [P, C] data are:
 - softmax:     max (DVE), exp(x - max) with the row sum accumulated (ACT), times 1/sum (any engine);
@@ -31,6 +32,7 @@ from trnc.isa.ap import Engine
 from trnc.isa.config import PARTITIONS
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
+from trnc.passes.tile.kernels import engines
 from trnc.passes.tile.tiles import HbmView, TileBuilder, Tile
 
 FP32 = DType.FP32
@@ -193,15 +195,19 @@ def _softmax(kb: TileBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
 
     def finish(tile: dict) -> None:
         parts, y = tile["parts"], tile["y"]
+        stochastic = engines.stochastic(kb, y.dtype)    # y computed in e (fp32), then rounded by engines.write
+        dst = tile["e"] if stochastic else y
         if log:   # y = (x - max) - log(sum); e was needed only for the sum
             log_sum = kb.sbuf("logsum", FP32, parts, (1,))
             kb.emit("activation", dst=log_sum, src=tile["sum"], func=ActFunc.LOG)
-            kb.emit("tensor_scalar", DVE_POOL, dst=y, src=tile["x"], op0=AluOp.SUB, scalar0_ap=tile["max"],
+            kb.emit("tensor_scalar", DVE_POOL, dst=dst, src=tile["x"], op0=AluOp.SUB, scalar0_ap=tile["max"],
                     op1=AluOp.SUB, scalar1_ap=log_sum)
         else:
             inv = kb.sbuf("inv", FP32, parts, (1,))
             kb.emit("tensor_scalar", DVE_POOL, dst=inv, src=tile["sum"], op0=AluOp.DIV, scalar0=1.0, reverse0=True)
-            kb.emit("tensor_scalar", dst=y, src=tile["e"], op0=AluOp.MUL, scalar0_ap=inv)
+            kb.emit("tensor_scalar", dst=dst, src=tile["e"], op0=AluOp.MUL, scalar0_ap=inv)
+        if stochastic:
+            engines.write(kb, y, dst)
         rows.store(tile)
 
     pipelined(list(rows.tiles()), ((0, rows.load), (1, statistics), (2, finish)))
@@ -245,7 +251,8 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
         parts, y = tile["parts"], tile["y"]
         steps = [(AluOp.MUL, t.narrow(0, 0, parts)) for t in (w,) if t is not None] + \
                 [(AluOp.ADD, t.narrow(0, 0, parts)) for t in (b,) if t is not None]
-        whole = kb.sbuf("t", FP32, parts, (c,)) if steps else y
+        stochastic = engines.stochastic(kb, y.dtype)    # the last step into t (fp32), then engines.write
+        whole = kb.sbuf("t", FP32, parts, (c,)) if steps or stochastic else y
         # the kernel's last row tile goes in column halves: two engines share its passes, and the first half
         # stores while the second computes (the kernel's tail after its last statistics is shorter)
         last = tile is tiles[-1] and len(tiles) > 1 and copy is None and c >= PARTITIONS
@@ -257,10 +264,12 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
                 copy.add(tile, t)
             for i, (op, param) in enumerate(steps):
                 # in place but for the transposed copy's tiles, which read t while the steps run
-                dst = y.narrow(1, c0, width) if i == len(steps) - 1 else \
+                dst = y.narrow(1, c0, width) if i == len(steps) - 1 and not stochastic else \
                     t if copy is None else kb.sbuf("tw", FP32, parts, (width,))
                 kb.emit("tensor_tensor", dst=dst, in0=t, in1=param.narrow(1, c0, width), op=op)
                 t = dst
+            if stochastic:
+                engines.write(kb, y.narrow(1, c0, width), t)
             rows.store(tile, (c0, width))
 
     pipelined(tiles, ((0, rows.load), (1, statistics), (2, finish)))
@@ -299,8 +308,11 @@ class _TransposedCopy:
 def _transposed_copy(kb: TileBuilder, rows: _Rows, dtype: DType, weight: HbmView | None,
                      bias: HbmView | None) -> _TransposedCopy | None:
     """The transposed copy when the rows allow it (one row dim, whole row tiles, C whole blocks of 128, the
-    result stored as a whole [R, C] tensor)."""
+    result stored as a whole [R, C] tensor) and the result rounds to nearest: rounded stochastically, the two
+    copies would draw different bits, so the next matmul reads the HBM one."""
     out = rows.out
+    if engines.stochastic(kb, dtype):
+        return None
     if len(rows.x.shape) != 2 or out.offset or out.strides != (rows.c, 1):
         return None
     r, c = rows.x.shape

@@ -159,7 +159,8 @@ def load_band(kb: TileBuilder, win: Window, x: HbmView, n: int, channels: tuple[
               dtype: DType, fill: float, name: str) -> Tile:
     """The placed input that the outputs of `band` read, channels (start, count) of image n, as an SBUF tile
     [channels, rows, columns] of `dtype`: the inputs by one DMA (which converts), or from the resident image,
-    the rest `fill` by memset."""
+    the rest `fill` by memset. A conversion that rounds stochastically assembles the band in fp32 first
+    (engines.landing and rounded)."""
     (r0, rows, c0, cols), (c_start, count) = band, channels
     height, width = win.span(0, rows), win.span(1, cols)
     h0, nh, at_row = win.inputs_in(0, r0 * win.stride[0], height)
@@ -171,7 +172,7 @@ def load_band(kb: TileBuilder, win: Window, x: HbmView, n: int, channels: tuple[
         whole = (nh, nw, at_row, at_col, lh, lw) == (height, width, 0, 0, 1, 1)
         if whole and len(views) == 1 and views[0][1].start_partition == 0 and image.dtype == dtype:
             return views[0][1]      # the band is a view of the image: no copy, no padding
-    tile = kb.sbuf(name, dtype, count, (height, width))
+    tile = kb.sbuf(name, engines.landing(kb, dtype, x.dtype), count, (height, width))
     if not nh or not nw or lh > 1 or lw > 1:
         engines.emit(kb, "memset", dst=tile, value=fill)
     else:
@@ -182,12 +183,12 @@ def load_band(kb: TileBuilder, win: Window, x: HbmView, n: int, channels: tuple[
                 engines.emit(kb, "memset", dst=tile.narrow(1, r, nr).narrow(2, c, nc), value=fill)
     if nh and nw:
         dst = replace(tile, dims=((lh * width, nh), (lw, nw)),
-                      offset=tile.offset + (at_row * width + at_col) * dtype.itemsize)
+                      offset=tile.offset + (at_row * width + at_col) * tile.dtype.itemsize)
         if image is not None:
             copy_region(kb, image_region(image, n, channels, (h0, nh), (w0, nw)), dst)
         else:
             boxes.spread(kb, dst, x.box_ap(1, ((n, 1), (c_start, count), (h0, nh), (w0, nw))))
-    return tile
+    return engines.rounded(kb, tile, dtype)
 
 
 def tap(band_tile: Tile, win: Window, band: Block, block: Block, i: int, j: int) -> Tile:
