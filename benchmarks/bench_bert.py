@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import vision  # noqa: E402  (transformers imports torchvision, which needs it beside torch's CPU build)
+from trnc.bench.vision import torchvision  # noqa: E402
 
-vision.torchvision()
+torchvision()   # transformers imports torchvision, which needs the shim beside torch's CPU build
 import transformers as tf  # noqa: E402
 
 import trnc.api as trnc_api  # noqa: E402

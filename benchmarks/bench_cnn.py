@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import vision  # noqa: E402  (torchvision beside torch's CPU build)
+from trnc.bench.vision import torchvision  # noqa: E402  (torchvision beside torch's CPU build)
 
 import trnc.api as trnc_api  # noqa: E402
 from trnc import flags  # noqa: E402
@@ -34,7 +31,7 @@ ENGINES = ("pe", "act", "dve", "pool")
 
 def model_of(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    return getattr(vision.torchvision().models, name)(weights=None).eval()
+    return getattr(torchvision().models, name)(weights=None).eval()
 
 
 def modeled(name: str, resolution: int, batch: int) -> None:

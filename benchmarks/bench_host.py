@@ -21,16 +21,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import vision  # noqa: E402  (transformers imports torchvision, which needs it beside torch's CPU build)
+from trnc.bench.vision import torchvision  # noqa: E402
 
-vision.torchvision()
+torchvision()   # transformers imports torchvision, which needs the shim beside torch's CPU build
 import trnc  # noqa: E402
 from trnc import flags  # noqa: E402
 from trnc.runtime.jit import executor  # noqa: E402

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import vision  # noqa: E402  (transformers imports torchvision, which needs it beside torch's CPU build)
+from trnc.bench.vision import torchvision  # noqa: E402
 
-vision.torchvision()
+torchvision()   # transformers imports torchvision, which needs the shim beside torch's CPU build
 import transformers as tf  # noqa: E402
 
 import trnc  # noqa: E402

@@ -10,10 +10,11 @@ import torch
 # Test helpers shared across folders (strategies.py) are imported by name: `import strategies`.
 sys.path.insert(0, os.path.dirname(__file__))
 
-# torchvision (and transformers' vision models, which import it) beside torch's CPU build: tests/vision.py says why.
-import vision  # noqa: E402
+# torchvision (and transformers' vision models, which import it) beside torch's CPU build: benchmarks/vision.py says
+# why.
+from trnc.bench.vision import torchvision  # noqa: E402
 
-vision.torchvision()
+torchvision()
 
 # Every test runs the compiler's passes: a compiled model from an earlier run's disk cache would skip them.
 # The JIT's kernel cache stays on. Tests of the compile cache turn it on in their own folders.

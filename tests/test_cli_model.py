@@ -31,8 +31,8 @@ def cache(tmp_path_factory) -> Path:
 
 
 # `python -m trnc.cli.main`, after what conftest does in this process: transformers' models import torchvision, which
-# needs the op schemas tests/vision.py defines beside torch's CPU build
-CLI = ("import runpy, sys, vision; vision.torchvision(); sys.argv[0] = 'trnc'; "
+# needs the op schemas benchmarks/vision.py (trnc.bench.vision) defines beside torch's CPU build
+CLI = ("import runpy, sys; from trnc.bench.vision import torchvision; torchvision(); sys.argv[0] = 'trnc'; "
        "runpy.run_module('trnc.cli.main', run_name='__main__')")
 
 

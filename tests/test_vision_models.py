@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import trnc
-import vision
+from trnc.bench.vision import torchvision
 from trnc import backend
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
@@ -22,7 +22,7 @@ FP32_RTOL = 1e-5
 
 
 def _model(name: str) -> nn.Module:
-    return getattr(vision.torchvision().models, name)(weights=None).eval()
+    return getattr(torchvision().models, name)(weights=None).eval()
 
 
 def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:

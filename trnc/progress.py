@@ -45,6 +45,10 @@ class Progress:
         self._step_start = time.perf_counter()
         self._draw(f"{step} ...")
 
+    def status(self, text: str) -> None:
+        """Redraw the current step's line as `text` (what the step is doing now)."""
+        self._draw(text)
+
     def end(self, seconds: float | None = None) -> float:
         """The current step ended after `seconds` (measured here when None); returns the seconds."""
         if seconds is None:

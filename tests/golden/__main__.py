@@ -2,7 +2,7 @@
 import argparse
 import time
 
-from tests import vision
+from trnc.bench.vision import torchvision
 
 from . import GOLDENS, write
 
@@ -12,7 +12,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.golden", description=__doc__)
     parser.add_argument("--only", nargs="*", choices=names, default=names, help="goldens to rewrite; default all.")
     args = parser.parse_args()
-    vision.torchvision()     # transformers imports torchvision: tests/vision.py
+    torchvision()     # transformers imports torchvision: benchmarks/vision.py
     for golden in GOLDENS:
         if golden.name in args.only:
             start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Entry point of the `trnc` command: registers the subcommands and maps errors to exit codes.
 
 Subcommands: compile (a model file to a .trnc artifact), run, profile, disasm (artifacts and ISA
-programs), asm and verify (ISA programs). Each `--help` ends with an example.
+programs), asm and verify (ISA programs), bench (the benchmark harness). Each `--help` ends with an example.
 
 Exit codes: 0 ok, 1 usage (bad or missing arguments), 2 bad input (a TrncError or an unreadable
 file), 3 an internal error (a bug in trnc; its traceback is printed). Bad input prints one line,
@@ -14,11 +14,11 @@ import argparse
 import sys
 import traceback
 
-from trnc.cli import model_cmds, program_cmds
+from trnc.cli import bench_cmds, model_cmds, program_cmds
 from trnc.errors import TrncError
 from trnc.log import debug_enabled
 
-SUBCOMMANDS = (model_cmds, program_cmds)
+SUBCOMMANDS = (model_cmds, program_cmds, bench_cmds)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,4 @@
+"""python -m benchmarks: the same as `trnc bench`."""
+from .harness import main
+
+main()
