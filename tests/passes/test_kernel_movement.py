@@ -74,6 +74,20 @@ def test_expand_and_strided_slice_output():
     assert np.array_equal(out, np.broadcast_to(xs, (4, 9, 3))[:, ::3])
 
 
+def test_an_expanded_byte_copy_cuts_a_dim_beyond_the_ap_limit_in_halves():
+    """Regression (fuzz seed 11004000138, a compile that never finished): the output [2, 69120] (merged) of a
+    uint8 expand wants boxes of 65536 elements along its long dim, one more than an AP dim holds; the plan gave
+    up on that dim and copied 2 elements per DMA (69120 DMAs, which the scheduler took tens of minutes over)
+    rather than halving the chunk until it fits."""
+    xs = (RNG.standard_normal((1, 1536, 45)) > 0).astype(np.uint8)
+    x = harness.inp(0, xs.shape, DType.UINT8)
+    e = node("expand", [x], (2, 1536, 45), DType.UINT8)
+    out, state = compile_run([x], [xs], [e], kind="movement")
+    assert np.array_equal(out, np.broadcast_to(xs, (2, 1536, 45)))
+    assert hbm_only(state) and len(state.program.instructions) <= 16
+    assert all(c <= MAX_COUNT for i in state.program.instructions for ap in (i["dst"], i["src"]) for _, c in ap.dims)
+
+
 @pytest.mark.parametrize("dim", [0, 1, 2, -1])
 def test_cat_along_each_dim(dim):
     shapes = [[3, 5, 7], [3, 5, 7], [3, 5, 7]]

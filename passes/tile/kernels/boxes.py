@@ -114,7 +114,7 @@ def aps_fit(views, pdim: int | None, box: Box) -> bool:
 def plan(shape, pdim: int | None, pchunk: int, budget: int, fits: Callable[[Box], bool]) -> tuple[int, ...]:
     """Chunk sizes per dim: `pchunk` on the partition dim, then the free dims grown innermost first, each
     whole while the box stays within `budget` elements per partition and `fits`, the first that does not
-    cut to what is left; the dims outside it go one index at a time."""
+    cut to what is left, halved until it fits; the dims outside it go one index at a time."""
     chunks = [1] * len(shape)
     if pdim is not None:
         chunks[pdim] = pchunk
@@ -131,7 +131,9 @@ def plan(shape, pdim: int | None, pchunk: int, budget: int, fits: Callable[[Box]
             total *= shape[d]
             continue
         count = min(shape[d], budget // total)
-        if count >= 2 and fits(box_with(d, count)):
+        while count >= 2 and not fits(box_with(d, count)):   # e.g. beyond an AP dim's 65535 elements
+            count //= 2
+        if count >= 2:
             chunks[d] = count
         break
     return tuple(chunks)
