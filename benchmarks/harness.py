@@ -90,7 +90,7 @@ def _bench(entry, quick: bool, precisions, targets, inductor: bool, repeats: int
     try:
         stage("build")
         model, inputs = entry.build(quick)
-        m = Measure(entry.name, model, inputs, stage)
+        m = Measure(entry.name, model, inputs, stage, host=entry.host)
         row["inputs"] = [list(x.shape) for x in inputs]
         row["compile"], fp32 = m.compile_times(inductor)
         row["host"] = m.host(fp32, repeats) if entry.host else {"skipped": "modeled only (too long for the host)"}

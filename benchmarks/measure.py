@@ -1,6 +1,7 @@
 """What `trnc bench` measures of one zoo model, each figure against its baseline in the same run.
 
-- compile: trnc's cold compile (a fresh cache folder; trnc.compile plus the JIT's load on the first call) against
+- compile: trnc's cold compile (a fresh cache folder; trnc.compile plus the JIT's load on the first call, which
+  models that are modeled only leave out) against
   Inductor's cold compile of the same model (fresh cache folders, FX graph cache off; its first call minus one
   eager call), both at fp32;
 - modeled: per precision and target, the modeled time, the roofline bound and efficiency, each engine's
@@ -13,6 +14,8 @@ A run that cannot happen (an unsupported op, a precision the target lacks) is re
 """
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import os
 import tempfile
@@ -28,7 +31,7 @@ from trnc import flags
 from trnc.errors import TrncError
 from trnc.isa.config import TARGETS
 from trnc.options import PRECISIONS
-from trnc.runtime.trace import write_chrome_trace
+from trnc.runtime.trace import chrome_trace
 
 ENGINES = ("pe", "act", "dve", "pool")
 LATENCY_BOUND = 0.5   # no engine busier than this share of the modeled time: waits on semaphores bind
@@ -119,8 +122,10 @@ def _fresh_inductor():
 class Measure:
     """The figures of one model; each step reports its stage to `stage` (the progress display)."""
 
-    def __init__(self, name: str, model, inputs: tuple, stage=lambda text: None):
-        self.name, self.model, self.inputs, self.stage = name, model, inputs, stage
+    def __init__(self, name: str, model, inputs: tuple, stage=lambda text: None, host: bool = True):
+        """host: whether the compiled models run on the host (the JIT load in the compile time, the SQNRs);
+        the largest GEMMs are modeled only."""
+        self.name, self.model, self.inputs, self.stage, self.runs_on_host = name, model, inputs, stage, host
         with torch.no_grad():
             self.eager_s, self.reference = timed(lambda: model(*inputs))
 
@@ -129,9 +134,11 @@ class Measure:
         self.stage("trnc compile fp32 (cold)")
         with tempfile.TemporaryDirectory() as cache, flags.override(TRNC_CACHE_DIR=cache):
             compile_s, compiled = timed(lambda: trnc.compile(self.model, self.inputs, cache=False))
-            first_s, _ = timed(lambda: compiled(*self.inputs))
-            again_s, _ = timed(lambda: compiled(*self.inputs))
-        out = {"trnc_s": compile_s + max(0.0, first_s - again_s)}
+            first_s = again_s = 0.0
+            if self.runs_on_host:
+                first_s, _ = timed(lambda: compiled(*self.inputs))
+                again_s, _ = timed(lambda: compiled(*self.inputs))
+        out = {"trnc_s": compile_s + max(0.0, first_s - again_s), "jit_load": self.runs_on_host}
         if inductor:
             self.stage("Inductor compile fp32 (cold)")
             with _fresh_inductor(), torch.no_grad():
@@ -163,10 +170,12 @@ class Measure:
         except TrncError as e:
             return {"precision": precision, "target": target, "error": str(e).splitlines()[0]}
         row = modeled(compiled, precision, target)
-        self.stage(f"run {precision} for its SQNR")
-        row["sqnr_db"] = sqnr_db(self.reference, compiled(*self.inputs))
-        if trace_dir is not None:
-            path = trace_dir / f"{self.name}-{precision}-{target}.json"
-            write_chrome_trace(path, compiled.program, compiled.perf)
+        if self.runs_on_host:
+            self.stage(f"run {precision} for its SQNR")
+            row["sqnr_db"] = sqnr_db(self.reference, compiled(*self.inputs))
+        if trace_dir is not None:     # gzip: Perfetto and chrome://tracing open it, at a tenth of the size
+            path = trace_dir / f"{self.name}-{precision}-{target}.json.gz"
+            with gzip.open(path, "wt") as f:
+                json.dump(chrome_trace(compiled.program, compiled.perf), f)
             row["trace"] = str(path.relative_to(trace_dir.parent))
         return row

@@ -85,7 +85,7 @@ def _precision(ax, results) -> None:
     for row in results:
         base = bf16_times(row)
         points = [(base[r["target"]] / r["modeled_us"], r["sqnr_db"], r["precision"]) for r in row.get("runs", [])
-                  if "error" not in r and r["target"] in base and r["sqnr_db"] is not None]
+                  if "error" not in r and r["target"] in base and r.get("sqnr_db") is not None]
         if points:
             line, = ax.plot([p[0] for p in points], [p[1] for p in points], "o", label=row["name"])
             for x, y, precision in points:

@@ -80,12 +80,14 @@ def markdown(data: dict) -> str:
             continue
         c, h, head = row["compile"], row["host"], headline(row) or {}
         lines.append(
-            f"| {row['name']} | {c['trnc_s']:.1f} | {_num(c.get('inductor_s'), '.1f')} | {_num(c.get('ratio'), '.2f')}"
+            f"| {row['name']} | {c['trnc_s']:.1f}{'' if c['jit_load'] else '*'} | "
+            f"{_num(c.get('inductor_s'), '.1f')} | {_num(c.get('ratio'), '.2f')}"
             f" | {head.get('precision', '-')} | {head.get('target', '-')} | {_num(head.get('modeled_us'), '.1f')} | "
             f"{_num(head.get('roofline_us'), '.1f')} | {_num(head.get('efficiency'), '.3f')} | "
             f"{head.get('bound', '-')} | {_num(h.get('trnc_ms'), '.1f')} | {_num(h.get('eager_ms'), '.1f')} | "
             f"{_num(h.get('ratio'), '.2f')} |")
-    lines += ["", "## Precisions", "",
+    lines += ["", "\\* modeled only (the host does not run it): the compile time leaves out the JIT's load.",
+              "", "## Precisions", "",
               "Per precision, on the first target that has it: modeled time, its speedup over bf16 on the same "
               "target, and the SQNR of the outputs against eager fp32 (exact: equal outputs).", "",
               "| model | precision | target | modeled us | vs bf16 | efficiency | bound | SQNR dB |",
@@ -98,7 +100,7 @@ def markdown(data: dict) -> str:
                              + " |" * 4)
                 continue
             speedup = base[r["target"]] / r["modeled_us"] if r["target"] in base else None
-            sqnr = "exact" if r["sqnr_db"] is None else f"{r['sqnr_db']:.1f}"
+            sqnr = "-" if "sqnr_db" not in r else "exact" if r["sqnr_db"] is None else f"{r['sqnr_db']:.1f}"
             lines.append(f"| {row['name']} | {r['precision']} | {r['target']} | {r['modeled_us']:.1f} | "
                          f"{_num(speedup, '.2f')}x | {r['efficiency']:.3f} | {r['bound']} | {sqnr} |")
     lines += ["", "## Engine utilization (headline run)", "",
@@ -111,6 +113,6 @@ def markdown(data: dict) -> str:
                          + f" | {dma_share(u):.1%} | {head['instructions']} |")
     lines += ["", "## Plots", ""] + [f"![{name}]({path})" for name, path in data["plots"].items()]
     traces = [(row["name"], headline(row)["trace"]) for row in data["models"] if headline(row)]
-    lines += ["", "## Traces", "", "Perfetto (ui.perfetto.dev) or chrome://tracing, one per model's headline run: "
-              + ", ".join(f"[{n}]({t})" for n, t in traces) + "."]
+    lines += ["", "## Traces", "", "Gzipped Chrome trace JSON for Perfetto (ui.perfetto.dev) or chrome://tracing, "
+              "one per model's headline run: " + ", ".join(f"[{n}]({t})" for n, t in traces) + "."]
     return "\n".join(lines) + "\n"

@@ -75,7 +75,8 @@ def gpt2(quick: bool):
     tf = _transformers()
     torch.manual_seed(0)
     size = dict(n_layer=2, n_embd=256, n_head=4) if quick else {}
-    config = tf.GPT2Config(vocab_size=8192, use_cache=False, attn_implementation="sdpa", **size)
+    config = tf.GPT2Config(vocab_size=8192, use_cache=False, attn_implementation="sdpa", bos_token_id=0,
+                           eos_token_id=0, **size)
     return tf.GPT2Model(config).eval(), (torch.randint(0, 8192, (1, 64 if quick else 256)),)
 
 

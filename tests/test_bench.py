@@ -2,6 +2,7 @@
 every figure's fields; what cannot run is listed with its reason; bad arguments are clear errors."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -29,7 +30,7 @@ def test_the_report_holds_every_file(report):
         assert (out / name).stat().st_size > 1000, name
     for name in data["plots"].values():
         assert (out / name).read_bytes()[:8] == PNG
-    trace = json.loads((out / data["models"][0]["runs"][1]["trace"]).read_text())
+    trace = json.loads(gzip.decompress((out / data["models"][0]["runs"][1]["trace"]).read_bytes()))
     assert {e["ph"] for e in trace["traceEvents"]} >= {"M", "X"}
     text = (out / "report.md").read_text()
     assert "| mlp |" in text and "![roofline](roofline.png)" in text
