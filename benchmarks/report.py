@@ -89,7 +89,8 @@ def markdown(data: dict) -> str:
     lines += ["", "\\* modeled only (the host does not run it): the compile time leaves out the JIT's load.",
               "", "## Precisions", "",
               "Per precision, on the first target that has it: modeled time, its speedup over bf16 on the same "
-              "target, and the SQNR of the outputs against eager fp32 (exact: equal outputs).", "",
+              "target, and the SQNR of the outputs against eager fp32 (exact: equal outputs; -: modeled only, not "
+              "run on the host).", "",
               "| model | precision | target | modeled us | vs bf16 | efficiency | bound | SQNR dB |",
               "|---|---|---|---:|---:|---:|---|---:|"]
     for row in data["models"]:
