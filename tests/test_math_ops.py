@@ -169,3 +169,16 @@ def test_bf16_results_round_once(fn):
     assert (got[~fin & ~exact.isnan()].double() == exact[~fin & ~exact.isnan()]).all()
     assert ((got[fin].double() - exact[fin]).abs() <= exact[fin].abs() * 2.0 ** -8 + 2.0 ** -133).all()
 
+
+
+def test_float_to_int_casts_truncate_as_torch():
+    """Bit for bit against eager (x86): toward zero through int32, NaN and values beyond int32 to INT_MIN, the
+    narrower types wrapping; the special values, magnitudes up to 1e38, and the edges of each type's range."""
+    edges = torch.tensor([127.9, 128.0, 255.5, 256.0, -128.5, -129.0, 32767.9, 32768.0, 65535.9, -32769.0,
+                          2147483520.0, -2147483648.0, -2147483904.0, 2.1e9, 16777217.0])
+    x = torch.cat([values(1605), edges])
+    fns = [lambda a: a.int(), lambda a: a.to(torch.int16), lambda a: a.char(), lambda a: a.byte(),
+           lambda a: (a * 3).to(torch.uint8)]
+    for name, got, want in zip(("int32", "int16", "int8", "uint8", "uint8 of a product"),
+                               compiled(fns, x)(x), [f(x) for f in fns]):
+        assert_bits_equal(got, want, x, name)

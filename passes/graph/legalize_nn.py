@@ -29,7 +29,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import Unusable, dim_of, rule
+from trnc.passes.graph.legalize_table import TRUNCATED_BITS, Unusable, dim_of, rule, truncated
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -249,10 +249,14 @@ def _replication_pad(rw: Rewriter, n, a):
 def _copy(rw: Rewriter, n, a):
     """`self` overwritten by `src`: src broadcast to self's shape, in self's dtype."""
     source, target = rw.arg_dtypes[1], rw.arg_dtypes[0]
-    if source.is_floating_point and not target.is_floating_point:
-        rw.fail(f"from {source} to {target} is not supported on a non-constant tensor: torch truncates toward "
-                "zero, the machine rounds to nearest")
-    src = rw.scalar(a["src"], "ne", 0) if target is torch.bool and source is not torch.bool else a["src"]
+    src = a["src"]
+    if target is torch.bool and source is not torch.bool:
+        src = rw.scalar(src, "ne", 0)
+    elif source.is_floating_point and not target.is_floating_point:
+        if target not in TRUNCATED_BITS:
+            rw.fail(f"from {source} to {target} is not supported on a non-constant tensor: the machine holds "
+                    f"{target} as int32, and torch gives values beyond int32's range")
+        src = truncated(rw, src, target)
     return rw.expand(rw.cast(src, n.dtype), n.shape)
 
 

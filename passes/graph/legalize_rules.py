@@ -26,8 +26,8 @@ from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activati
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
-from trnc.passes.graph.legalize_table import (Unusable, dim_of, dims_of, index_tensor, keep_fp32_inside, pm_legalize,
-                                              pm_whole, rule, take)
+from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
+                                              keep_fp32_inside, pm_legalize, pm_whole, rule, take, truncated)
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -181,8 +181,10 @@ def _convert(rw: Rewriter, n, a):
     if target is torch.bool:
         return rw.scalar(x, "ne", 0)
     if source.is_floating_point and not target.is_floating_point:
-        rw.fail(f"from {source} to {target} is not supported on a non-constant tensor: torch truncates toward "
-                "zero, the machine rounds to nearest")
+        if target not in TRUNCATED_BITS:
+            rw.fail(f"from {source} to {target} is not supported on a non-constant tensor: the machine holds "
+                    f"{target} as int32, and torch gives values beyond int32's range")
+        return truncated(rw, x, target)
     return rw.cast(x, DTYPES[target])
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from trnc import ir
+from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
 
 if TYPE_CHECKING:
@@ -70,6 +71,32 @@ def keep_fp32_inside(result: ir.Node, start: ir.Node) -> ir.Node:
             n.attrs["keep_fp32"] = True
         stack.extend(n.inputs)
     return result
+
+
+# the integer dtypes a float converts to as torch converts (truncated), by width; int64 is held as int32, which
+# cannot hold what torch gives beyond int32's range
+TRUNCATED_BITS = {torch.int32: 32, torch.int16: 16, torch.int8: 8, torch.uint8: 8}
+
+
+def truncated(rw: Rewriter, x: ir.Node, target: torch.dtype) -> ir.Node:
+    """Float x converted to integer `target` as torch converts on the CPU (measured on x86, scalar and vector
+    paths alike): toward zero through int32, NaN and values outside int32 giving INT_MIN, then the low bits for
+    the narrower types (int16, int8 and uint8 wrap). Every step is exact in fp32: trunc, a compare, fmod by 2^k."""
+    fp32 = DType.FP32
+    t = rw.unary(x, "trunc", fp32)
+    outside = rw.binary("or", rw.binary("ne", t, t),
+                        rw.binary("or", rw.scalar(t, "ge", 2.0 ** 31), rw.scalar(t, "lt", -2.0 ** 31)))
+    bits = TRUNCATED_BITS[target]
+    if bits == 32:
+        v = rw.where(outside, rw.scalar_const(-2.0 ** 31, fp32), t, fp32)
+    else:
+        m = 2.0 ** bits
+        low = 0.0 if target is torch.uint8 else -m / 2
+        inside = rw.where(outside, rw.scalar_const(0.0, fp32), t, fp32)       # INT_MIN's low bits are 0
+        r = rw.scalar(inside, "fmod", m, dtype=fp32)
+        v = rw.where(rw.scalar(r, "lt", low), rw.scalar(r, "add", m, dtype=fp32),
+                     rw.where(rw.scalar(r, "ge", low + m), rw.scalar(r, "sub", m, dtype=fp32), r, fp32), fp32)
+    return keep_fp32_inside(rw.emit("cast", (v,), v.shape, DTYPES[target], integral=True), x)   # auto_cast "all"
 
 
 def index_tensor(rw: Rewriter, index: ir.Node, size: int, wrap: bool) -> ir.Node:
