@@ -182,3 +182,20 @@ def test_float_to_int_casts_truncate_as_torch():
     for name, got, want in zip(("int32", "int16", "int8", "uint8", "uint8 of a product"),
                                compiled(fns, x)(x), [f(x) for f in fns]):
         assert_bits_equal(got, want, x, name)
+
+
+def test_division_with_rounding_modes_equals_eager_bit_for_bit():
+    """fp32 floor and trunc division (div's rounding modes, floor_divide, //) over every pair of special values
+    (zeros of both signs, infinities, NaN, overflowing quotients) and random operands, bits and signed zeros."""
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 3.0, -7.5, 1e-30, -1e30, 3e38, -3e38, INF, -INF, NAN,
+                            1e-45])
+    g = torch.Generator().manual_seed(1606)
+    a = torch.cat([special.repeat_interleave(len(special)), torch.randn(2000, generator=g) * 100,
+                   torch.randint(-20, 20, (400,), generator=g).float()])
+    b = torch.cat([special.repeat(len(special)), torch.randn(2000, generator=g) * 3,
+                   torch.randint(-5, 6, (400,), generator=g).float()])
+    fns = [lambda x, y: torch.div(x, y, rounding_mode="floor"), lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+           torch.floor_divide, lambda x, y: x // -0.7]
+    for name, got, want in zip(("floor", "trunc", "floor_divide", "// scalar"), compiled(fns, a, b)(a, b),
+                               [f(a, b) for f in fns]):
+        assert_bits_equal(got, want, a, name)

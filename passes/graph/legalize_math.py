@@ -15,7 +15,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import pm_legalize, rule
+from trnc.passes.graph.legalize_table import keep_fp32_inside, pm_legalize, rule
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -84,6 +84,39 @@ def _round_decimals(rw: Rewriter, n, a):
         rw.fail(f"with decimals={d} is not supported (10^{abs(d)} overflows fp32)")
     first, last = ("mul", "div") if d > 0 else ("div", "mul")
     return rw.scalar(rw.unary(rw.scalar(x, first, ten, dtype=FP32), "rint", FP32), last, ten)
+
+
+@rule("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.floor_divide.default", "aten.floor_divide.Scalar")
+def _div_mode(rw: Rewriter, n, a):
+    """Division rounded as torch's fp32 kernels round it: trunc(a / b), or the floor division of its vectorized
+    kernel (Python's: (a - fmod(a, b)) / b, one less where the remainder's sign differs from b's, the floor moved
+    up where the quotient lies more than half above it, a signed zero, and a / b for b = 0 or where a / b
+    overflows). Integers would divide in fp32, not as torch's integer division; bf16 and fp16 kernels round each
+    step to their dtype (measured), which fp32 steps do not reproduce: both are refused."""
+    mode = "floor" if n.op.startswith("aten.floor_divide") else a["rounding_mode"]
+    if mode is None:
+        return rw.arith("div", a["input"], a["other"])
+    if n.dtype is not FP32:
+        rw.fail(f"with rounding_mode={mode!r} in {n.dtype.text} is not supported: the machine reproduces torch's "
+                "float32 kernel only (cast the operands to float32)")
+    x, y = (v if isinstance(v, ir.Node) else rw.scalar_const(float(v), FP32)
+            for v in rw.in_common_dtype(a["input"], a["other"]))
+    quotient = rw.binary("div", x, y, FP32)
+    if mode == "trunc":
+        return keep_fp32_inside(rw.cast(rw.unary(quotient, "trunc", FP32), n.dtype), x, y)
+    mod = rw.binary("fmod", x, y, FP32)
+    overflow = rw.binary("and", rw.scalar(rw.unary(quotient, "abs", FP32), "eq", math.inf),
+                         rw.scalar(rw.unary(x, "abs", FP32), "ne", math.inf))
+    div = rw.binary("div", rw.where(overflow, x, rw.binary("sub", x, mod, FP32), FP32), y, FP32)
+    signs_differ = rw.binary("xor", rw.scalar(y, "lt", 0), rw.scalar(mod, "lt", 0))
+    div = rw.where(rw.binary("and", rw.scalar(mod, "ne", 0), signs_differ), rw.scalar(div, "sub", 1.0, dtype=FP32),
+                   div, FP32)
+    floor = rw.unary(div, "floor", FP32)
+    floor = rw.where(rw.scalar(rw.binary("sub", div, floor, FP32), "gt", 0.5), rw.scalar(floor, "add", 1.0, dtype=FP32),
+                     floor, FP32)
+    floor = rw.where(rw.scalar(div, "eq", 0), rw.scalar(quotient, "mul", 0.0, dtype=FP32), floor, FP32)  # signed 0
+    result = rw.where(rw.scalar(y, "eq", 0), quotient, floor, FP32)
+    return keep_fp32_inside(rw.cast(result, n.dtype), x, y)
 
 
 @rule("aten.frac.default")

@@ -71,13 +71,6 @@ for _aten, _op in (("maximum", "max"), ("minimum", "min"), ("logical_and", "and"
     pm_legalize[f"aten.{_aten}.default"] = _arith(_op)
 
 
-@rule("aten.div.Tensor_mode", "aten.div.Scalar_mode")
-def _div_mode(rw: Rewriter, n, a):
-    if a["rounding_mode"] is not None:
-        rw.fail(f"with rounding_mode={a['rounding_mode']!r} is not supported; trnc divides exactly")
-    return rw.arith("div", a["input"], a["other"])
-
-
 @rule("aten.rsub.Tensor", "aten.rsub.Scalar")
 def _rsub(rw: Rewriter, n, a):
     x = a["input"] if a["alpha"] == 1 else rw.scalar(a["input"], "mul", a["alpha"])

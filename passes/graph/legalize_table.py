@@ -57,11 +57,11 @@ def dims_of(dims, rank: int) -> tuple[int, ...]:
 
 
 # -- helpers several rule modules share ------------------------------------------------------------------
-def keep_fp32_inside(result: ir.Node, start: ir.Node) -> ir.Node:
-    """Mark the fp32 nodes between `start` and `result` (both left out) `keep_fp32`: one torch op's intermediates,
+def keep_fp32_inside(result: ir.Node, *starts: ir.Node) -> ir.Node:
+    """Mark the fp32 nodes between `starts` and `result` (all left out) `keep_fp32`: one torch op's intermediates,
     which auto_cast "all" would otherwise store in the low dtype, rounding where torch does not (the mean of a
     std over one fp16 value rounded to bf16 made x - mean nonzero; a mean rounded its sum, then the quotient)."""
-    stack, seen = list(result.inputs), {start}
+    stack, seen = list(result.inputs), set(starts)
     while stack:
         n = stack.pop()
         if n in seen:
