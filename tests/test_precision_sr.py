@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import trnc
+from modules import Fn
 from trnc.errors import TrncError
 from trnc.options import Options
 
@@ -75,15 +76,6 @@ def test_a_matmuls_fp8_activation_rounds_stochastically():
 
 
 # -- every conversion rounds so: norms, softmax, attention and the conversions DMA made (issue 15) ------------
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
-
 
 def representable(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """The tensors rounded to bf16 and back: loads and auto_cast's casts of them are exact."""

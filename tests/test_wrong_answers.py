@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import trnc
+from modules import Fn
 from trnc.errors import TrncError, UnsupportedOpError
 
 FP32_REL = 1e-5
@@ -230,15 +231,6 @@ def test_an_op_torch_decomposes_wrongly_runs_in_eager():
     for via in ("api", "backend"):
         with pytest.raises(UnsupportedOpError, match="multilabel_margin_loss_forward"):
             run(MultilabelMargin(), (a, t), via)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 EDGES = {   # OpInfo samples that raised internal errors (ZeroDivisionError, IndexError) or were refused
