@@ -161,12 +161,13 @@ class Measure:
         return {"threads": threads, "trnc_ms": best_trnc * 1e3, "eager_ms": best_eager * 1e3,
                 "ratio": best_trnc / best_eager}
 
-    def precision(self, precision: str, target: str, trace_dir: Path | None, fp32=None) -> dict:
-        """Modeled figures and SQNR of one precision on one target (the fp32 CompiledModel reused when given)."""
+    def precision(self, precision: str, target: str, trace_dir: Path | None, compiled=None) -> dict:
+        """Modeled figures and SQNR of one precision on one target; `compiled`: that CompiledModel when the caller
+        has it already (the fp32 one of compile_times)."""
         self.stage(f"compile {precision} on {target}")
         try:
-            compiled = fp32 if fp32 is not None and target == fp32.options.target else trnc.compile(
-                self.model, self.inputs, precision=precision, target=target, cache=False)
+            if compiled is None:
+                compiled = trnc.compile(self.model, self.inputs, precision=precision, target=target, cache=False)
         except TrncError as e:
             return {"precision": precision, "target": target, "error": str(e).splitlines()[0]}
         row = modeled(compiled, precision, target)

@@ -80,13 +80,10 @@ def dequantized_weight(w: np.ndarray, elem: DType, mode: ScaleMode) -> np.ndarra
     return values * np.repeat(e8m0_decode(scales), MX_BLOCK, axis=0)
 
 
-def emulated_mx_matmul(mm: ir.Node, elem: DType, mode: ScaleMode) -> list[ir.Node] | None:
-    """The nodes of `mm` as an emulated MX matmul (constants first, the last is its result), or None when its
-    weight is not a constant [K, N] right operand with K a multiple of 32."""
+def emulated_mx_matmul(mm: ir.Node, w_value: np.ndarray, elem: DType, mode: ScaleMode) -> list[ir.Node]:
+    """The nodes of `mm` (one quantize.mx_takes takes) as an emulated MX matmul (constants first, the last is its
+    result); w_value: its weight in fp32."""
     x, w = mm.inputs
-    if w.op != "const" or len(w.shape) != 2 or w.shape[0] % MX_BLOCK or not x.dtype.is_float or x.op == "const":
-        return None
-    w_value = to_fp32(w.attrs["value"], w.dtype).reshape(w.shape)
     w_mx = ir.Node("const", (), w.shape, DType.BF16,
                    {"value": from_fp32(dequantized_weight(w_value, elem, mode), DType.BF16)},
                    name=f"{w.name}.mx_emulated", source=w.source)

@@ -109,13 +109,18 @@ class _Quantizer:
         return result if mm.dtype is DType.FP32 else self.node("cast", (result,), mm.shape, mm.dtype, mm)
 
 
-def mx_matmul(mm: ir.Node, elem: DType, mode: ScaleMode) -> list[ir.Node] | None:
-    """The nodes of `mm` as an MX matmul (the last is its result), or None when its weight is not a constant
-    [K, N] right operand with K a multiple of 32."""
+def mx_takes(mm: ir.Node) -> bool:
+    """Whether MX (or its emulation) can take matmul `mm`: its weight a constant [K, N] right operand with K a
+    multiple of 32, its left operand a float activation."""
     x, w = mm.inputs
-    if w.op != "const" or len(w.shape) != 2 or w.shape[0] % MX_BLOCK or not x.dtype.is_float or x.op == "const":
-        return None
-    codes, scales = quantize_mx(_fp32(w), elem, mode)
+    return w.op == "const" and len(w.shape) == 2 and w.shape[0] % MX_BLOCK == 0 and x.dtype.is_float \
+        and x.op != "const"
+
+
+def mx_matmul(mm: ir.Node, w_value: np.ndarray, elem: DType, mode: ScaleMode) -> list[ir.Node]:
+    """The nodes of `mm` (mx_takes) as an MX matmul (the last is its result); w_value: its weight in fp32."""
+    x, w = mm.inputs
+    codes, scales = quantize_mx(w_value, elem, mode)
     elems = ir.Node("const", (), w.shape, elem, {"value": codes}, name=f"{w.name}.mx", source=w.source)
     scale = ir.Node("const", (), scales.shape, DType.E8M0, {"value": scales.view(DType.E8M0.storage)},
                     name=f"{w.name}.mx_scale", source=w.source)
@@ -160,11 +165,10 @@ def quantize_mx_matmuls(graph: ir.Graph, elem: DType, mode: ScaleMode, kept=lamb
     nodes: list[ir.Node] = []
     for n in graph.nodes:
         n.inputs = tuple(replaced.get(i, i) for i in n.inputs)
-        new = rewrite(n, elem, mode) if n.op == "matmul" and kept(n.module) is None and not n.attrs.get("keep_fp32") \
-            else None
-        if new is None:
+        if n.op != "matmul" or kept(n.module) is not None or n.attrs.get("keep_fp32") or not mx_takes(n):
             nodes.append(n)
             continue
+        new = rewrite(n, _fp32(n.inputs[1]), elem, mode)
         nodes[:0] = [i for i in new if i.op == "const"]      # constants first, as capture lays them out
         nodes.extend(i for i in new if i.op != "const")
         replaced[n] = new[-1]
