@@ -15,21 +15,12 @@ float64.
 """
 import pytest
 import torch
-import torch.nn as nn
 
 import trnc
+from modules import Fn
 from trnc.errors import UnsupportedOpError
 
 U = 2.0 ** -24
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def run(fn, *xs):

@@ -5,21 +5,12 @@ rows) both; ties in input order (eager's CPU sort with stable=True, and median, 
 its samples have distinct values (or its ties are checked by value and by the index pointing at that value)."""
 import pytest
 import torch
-import torch.nn as nn
 
 import trnc
+from modules import Fn
 from trnc.errors import UnsupportedOpError
 
 NAN, INF = float("nan"), float("inf")
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def compiled(fn, *xs):

@@ -14,24 +14,13 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import trnc
+from modules import Fn
 from trnc.errors import UnsupportedOpError
 
 NORM_RTOL = 2.0 ** -17
-
-
-class Fn(nn.Module):
-    """A module around a function (the line an error names is this forward's)."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def compiled(fn, *xs):
