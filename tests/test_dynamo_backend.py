@@ -6,6 +6,7 @@ auto_cast="all" u = 2^-8 (bf16's unit roundoff) times the kernels on the longest
 compiled graph, since each kernel rounds its stored result once and errors along a chain add.
 """
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -111,8 +112,8 @@ def test_unsupported_op_falls_back_to_eager_with_one_warning(caplog):
     assert report.device_partitions == 2 and report.fallback_nodes == 1 and report.text() == text
 
 
-class FloorDivBlock(nn.Module):
-    """aten.div.Tensor_mode has a rule that refuses rounding_mode='floor': it raises UnsupportedOpError while its
+class InfiniteSlopeBlock(nn.Module):
+    """aten.leaky_relu.default has a rule that refuses an infinite slope: it raises UnsupportedOpError while its
     region compiles. The lgamma before it makes two regions in the first round, the first one reused after the
     second fails."""
 
@@ -122,7 +123,7 @@ class FloorDivBlock(nn.Module):
 
     def forward(self, x):
         h = torch.lgamma(self.fc1(x))
-        return (torch.div(self.fc2(h).exp(), 0.7, rounding_mode="floor") * 3.0).tanh()
+        return (F.leaky_relu(self.fc2(h), math.inf) * 3.0).tanh()
 
 
 def test_an_op_its_rule_refuses_moves_to_eager_and_the_graph_is_partitioned_again(monkeypatch):
@@ -131,14 +132,14 @@ def test_an_op_its_rule_refuses_moves_to_eager_and_the_graph_is_partitioned_agai
     monkeypatch.setattr(trnc.api, "compile", lambda *a, **k: compiles.append(1) or real_compile(*a, **k))
     torch.manual_seed(6)
     x = torch.randn(4, 8)
-    got, ref = _run(FloorDivBlock(), (x,))
+    got, ref = _run(InfiniteSlopeBlock(), (x,))
     assert _rel(got, ref) <= 1e-5
     report = backend.last_report()
-    assert [(f.op, f.count) for f in report.fallback] == [("aten.lgamma.default", 1), ("aten.div.Tensor_mode", 1)]
+    assert [(f.op, f.count) for f in report.fallback] == [("aten.lgamma.default", 1), ("aten.leaky_relu.default", 1)]
     assert "is not supported" in report.fallback[1].reason
     assert report.fallback[1].sources[0].endswith(
-        'return (torch.div(self.fc2(h).exp(), 0.7, rounding_mode="floor") * 3.0).tanh()')
-    # regions: fc1 | fc2, exp | mul, tanh; the first compiled once, fc2..tanh failed once on the division
+        "return (F.leaky_relu(self.fc2(h), math.inf) * 3.0).tanh()")
+    # regions: fc1 | fc2 | mul, tanh; the first compiled once, fc2..tanh failed once on the leaky relu
     assert report.device_partitions == 3 and len(compiles) == 4
 
 

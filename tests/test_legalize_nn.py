@@ -271,5 +271,5 @@ def test_unsupported_configurations_name_the_op_and_the_line():
         compiled(strided, x)
     with pytest.raises(UnsupportedOpError, match=r"aten\.leaky_relu\.default with negative_slope=inf"):
         compiled(Fn(lambda x: F.leaky_relu(x, math.inf)), x)
-    with pytest.raises(UnsupportedOpError, match=r"aten\.copy\.default from torch\.float32 to torch\.int32"):
-        compiled(Fn(lambda x: torch.ops.aten.copy(torch.zeros(8, 3, dtype=torch.int32), x)), x)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.copy\.default from torch\.float32 to torch\.int64"):
+        compiled(Fn(lambda x: torch.ops.aten.copy(torch.zeros(8, 3, dtype=torch.int64), x)), x)

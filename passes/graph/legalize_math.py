@@ -79,9 +79,9 @@ def _round_decimals(rw: Rewriter, n, a):
     _float_input(rw, n, "round")
     if d == 0:
         return rw.unary(x, "rint")
-    ten = float(np.float32(10.0 ** abs(d)))
-    if ten == float("inf"):
+    if abs(d) > 38:
         rw.fail(f"with decimals={d} is not supported (10^{abs(d)} overflows fp32)")
+    ten = float(np.float32(10.0 ** abs(d)))
     first, last = ("mul", "div") if d > 0 else ("div", "mul")
     return rw.scalar(rw.unary(rw.scalar(x, first, ten, dtype=FP32), "rint", FP32), last, ten)
 
