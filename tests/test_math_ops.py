@@ -199,3 +199,12 @@ def test_division_with_rounding_modes_equals_eager_bit_for_bit():
     for name, got, want in zip(("floor", "trunc", "floor_divide", "// scalar"), compiled(fns, a, b)(a, b),
                                [f(a, b) for f in fns]):
         assert_bits_equal(got, want, a, name)
+
+
+@pytest.mark.parametrize("decimals", [39, -39, 400])
+def test_round_with_decimals_beyond_fp32_is_refused_by_name(decimals):
+    """10^|decimals| overflows fp32 past 38 (and a Python float past 308): a clear refusal, not a warning or an
+    OverflowError."""
+    x = torch.randn(4, generator=torch.Generator().manual_seed(1607))
+    with pytest.raises(trnc.errors.UnsupportedOpError, match=rf"aten\.round\.decimals with decimals={decimals} "):
+        compiled([lambda a: torch.round(a, decimals=decimals)], x)
