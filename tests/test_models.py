@@ -125,6 +125,11 @@ def _hf(kind):
         cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=120, n_positions=64, use_cache=False,
                             attn_implementation="sdpa")
         model = tf.GPT2Model(cfg)
+    elif kind == "mixtral":   # experts through transformers' grouped matmul: sort, histc, cumsum, index_put
+        cfg = tf.MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=120,
+                               max_position_embeddings=64, use_cache=False, attn_implementation="sdpa")
+        model = tf.MixtralModel(cfg)
     else:
         cfg = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=120, max_position_embeddings=64, use_cache=False,
@@ -147,7 +152,7 @@ def _randomize_norms(model: nn.Module) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "mixtral"])
 def test_hugging_face_fp32(kind):
     model, args = _hf(kind)
     rel, compiled = _compare(model, args)

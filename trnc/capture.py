@@ -37,6 +37,7 @@ from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.log import get_logger
 from trnc.passes.graph.legalize_rules import pm_whole
+from trnc.passes.graph.legalize_table import lowered
 
 # ops trnc lowers whole (a fused trnc op exists; legalize's rule table marks them), every overload: kept out of
 # the core decomposition table
@@ -175,9 +176,9 @@ class _Importer:
                            source)
             self.add(node, fx_node)
             return
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        if not lowered(target):
             raise UnsupportedOpError(f"{getattr(target, '__name__', target)} is not supported{where}: trnc compiles "
-                                     "aten operators only")
+                                     "aten operators (and the custom operators it has a rule for)")
         inputs: list[ir.Node] = []
 
         def placeholder(a):

@@ -245,9 +245,15 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
         return None
 
 
+def is_torch_op(op: str) -> bool:
+    """A capture-level op, which legalize rewrites: torch's 'namespace.name.overload' (aten's, or a custom op's);
+    trnc's op names have no dot."""
+    return "." in op
+
+
 def _check_node(n: Node, legalized: bool) -> str | None:
     """The broken rule of `n` as text, or None."""
-    if n.op.startswith("aten.") or n.op == "getitem":   # capture-level ops, rewritten by legalize
+    if is_torch_op(n.op) or n.op == "getitem":
         return f"capture-level op {n.op} remains after legalize" if legalized else None
     if n.op not in TRNC_OPS:
         return f"unknown op '{n.op}'"

@@ -27,6 +27,7 @@ from trnc.capture import source_of
 from trnc.dtypes import DTYPES
 from trnc.errors import TrncError, UnsupportedOpError
 from trnc.passes.graph.legalize_rules import pm_legalize
+from trnc.passes.graph.legalize_table import lowered
 
 NO_RULE = "no legalize rule"
 CONSTANT = "a constant feeding eager code"
@@ -66,7 +67,7 @@ def unsupported_reason(node: torch.fx.Node, reasons: dict[str, str], constants: 
         parent = node.args[0]
         return reasons.get(parent.name) if isinstance(parent, torch.fx.Node) else None
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+    if not lowered(target):
         return "not an aten operator"
     values = _tensors(node.meta.get("val")) + [t for a in node.all_input_nodes for t in _tensors(a.meta.get("val"))]
     bad = sorted({str(t.dtype) for t in values if t.dtype not in DTYPES})

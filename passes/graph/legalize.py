@@ -36,7 +36,7 @@ from trnc.passes.graph.legalize_table import COMPARE_OPS, Unusable
 CSE_CONST_ELEMENTS = 1024   # consts up to this size are shared by value
 # creation ops whose values are undefined: lowered to zeros by their rule, never computed with torch
 _NO_EVAL = frozenset({"aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default",
-                      "aten.empty_strided.default"})
+                      "aten.empty_strided.default", "aten.empty_permuted.default"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -286,7 +286,7 @@ def _legalize_node(rw: Rewriter, node: ir.Node, rules, counts: Counter):
     if node.op == "getitem":
         return _getitem(rw, node)
     values = [rw.value[i] for i in node.inputs]
-    if not node.op.startswith("aten."):   # already a trnc op
+    if not ir.is_torch_op(node.op):   # already a trnc op
         node.inputs = tuple(values)
         rw.nodes.append(node)
         return node

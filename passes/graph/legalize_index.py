@@ -1,5 +1,5 @@
-"""legalize rules of arg-reductions and scans (issue 16): argmax, argmin, max/min with their indices, cumsum,
-cummax, cummin, cumprod, logcumsumexp;
+"""legalize rules of arg-reductions, counts and scans (issue 16): argmax, argmin, max/min with their indices, histc,
+cumsum, cummax, cummin, cumprod, logcumsumexp;
 built from the existing trnc ops (registered in passes/graph/legalize_table.py's `pm_legalize`).
 
 Arg-reductions: the machine has no index-tracking reduction, so an index is found by compare and select. Over
@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import COMPARE_OPS, dim_of, rule
+from trnc.passes.graph.legalize_table import COMPARE_OPS, dim_of, keep_fp32_inside, rule
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -153,6 +154,35 @@ def bound_integer_arith(rw: Rewriter, node: ir.Node) -> ir.Node:
     return node
 
 
+@rule("aten.histc.default")
+def _histc(rw: Rewriter, n, a):
+    """torch.histc as its CPU kernel bins fp32 (checked against it bit for bit, bin edges included): bin =
+    trunc((x - min) * bins / (max - min)) in fp32 steps, max itself in the last bin, values outside [min, max] and
+    NaN in none; each bin's hits (a compare with an iota) summed in fp32, exact below 2^24 elements. min = max
+    (torch then bins over the data's range) is refused. The counts are marked integral (index_bound), so their
+    cumsum to an integer dtype (a mixture of experts' expert offsets, transformers' grouped matmul) stays on the
+    device."""
+    x, bins, lo, hi = a["input"], int(a["bins"]), float(a["min"]), float(a["max"])
+    if rw.torch_dtype(x) is not torch.float32:
+        rw.fail(f"of {rw.torch_dtype(x)} is not supported: torch bins it in that dtype's arithmetic (cast to float32)")
+    if lo == hi:
+        rw.fail(f"with min = max = {lo:g} is not supported: torch then bins over the data's range, known only at run "
+                "time")
+    lo32, hi32 = float(np.float32(lo)), float(np.float32(hi))
+    size = math.prod(x.shape)
+    if not (math.isfinite(lo32) and math.isfinite(hi32) and lo32 < hi32) or size >= EXACT_FP32:
+        rw.fail(f"over [{lo}, {hi}] of {size} elements is not supported (a finite range, below 2^24 elements)")
+    flat = rw.reshape(x, (size, 1))
+    scaled = rw.scalar(rw.scalar(flat, "sub", lo32, dtype=FP32), "mul", float(bins), dtype=FP32)
+    position = rw.unary(rw.scalar(scaled, "div", float(np.float32(hi32 - lo32)), dtype=FP32), "trunc", FP32)
+    position = rw.scalar(position, "min", float(bins - 1), dtype=FP32)
+    inside = rw.binary("and", rw.scalar(flat, "ge", lo32), rw.scalar(flat, "le", hi32))
+    hits = rw.binary("and", rw.binary("eq", position, _iota(rw, bins, 1, 2)), inside)
+    counts = rw.reduce(rw.cast(hits, FP32), "sum", (0,), keepdim=False, dtype=FP32)
+    counts.attrs["index_bound"] = size
+    return keep_fp32_inside(rw.cast(counts, n.dtype), x)
+
+
 def _triangle(rw: Rewriter, size: int) -> ir.Node:
     """U [size, size] fp32, U[k, i] = 1 where k <= i: x @ U sums each row's prefixes. Built from two iotas, so fold
     computes it at compile time unless it is much larger than they are (then an elementwise kernel does)."""
@@ -192,6 +222,14 @@ def _last_axis_scan(rw: Rewriter, x: ir.Node, dim: int, build) -> ir.Node:
     return rw.permute(build(rw.permute(x, swap)), swap)
 
 
+def _counts(x: ir.Node) -> bool:
+    """Whether float x holds counts (histc's, marked index_bound), through views: integers within their bound, so
+    torch's truncation to an integer dtype leaves them as they are."""
+    while x.op in ir.OPS_MOVEMENT and len(x.inputs) == 1 or x.op == "cast" and x.dtype.is_float:
+        x = x.inputs[0]
+    return x.dtype.is_float and "index_bound" in x.attrs
+
+
 @rule("aten.cumsum.default")
 def _cumsum(rw: Rewriter, n, a):
     x = a["input"]
@@ -199,9 +237,9 @@ def _cumsum(rw: Rewriter, n, a):
         return rw.cast(x, n.dtype)
     dim = dim_of(a["dim"], len(x.shape))
     size = x.shape[dim]
-    if x.dtype.is_float and not n.dtype.is_float:
-        rw.fail(f"of a float tensor to {n.dtype.text} is not supported: torch truncates toward zero, the machine "
-                "rounds to nearest")
+    if x.dtype.is_float and not n.dtype.is_float and not _counts(x):
+        rw.fail(f"of a float tensor to {n.dtype.text} is not supported: torch truncates each value first, which "
+                "trnc does only for integral floats it knows (histc's counts); cast it to the integer dtype first")
     if not n.dtype.is_float:
         bound = _magnitude_bound(rw, x)
         if bound is None or bound * size > EXACT_FP32:

@@ -15,6 +15,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
+from trnc.passes.graph.legalize_index import EXACT_FP32, _magnitude_bound, _to_int
 from trnc.passes.graph.legalize_table import keep_fp32_inside, pm_legalize, rule
 
 if TYPE_CHECKING:
@@ -86,16 +87,39 @@ def _round_decimals(rw: Rewriter, n, a):
     return rw.scalar(rw.unary(rw.scalar(x, first, ten, dtype=FP32), "rint", FP32), last, ten)
 
 
+def _integer_div(rw: Rewriter, x: ir.Node, y, mode: str) -> ir.Node:
+    """int32 x // y (or trunc) for |x| known below 2^24 and y a nonzero constant: floor(fl(x / y)) in fp32 is the
+    exact quotient's floor, as a quotient that is no integer lies at least 1/|y| from one and fl errs by less than
+    |x / y| 2^-24 < 1/|y|. A divisor computed at run time is refused: torch raises on a zero, the machine cannot."""
+    divisor = rw.torch_value(y, torch.int64) if isinstance(y, ir.Node) and y.op == "const" else y
+    if isinstance(divisor, torch.Tensor) and divisor.dtype.is_floating_point or isinstance(divisor, float):
+        rw.fail(f"with rounding_mode={mode!r} of an integer tensor by a float is not supported (cast to float32)")
+    if isinstance(y, ir.Node) and y.op != "const":
+        rw.fail(f"with rounding_mode={mode!r} of integer tensors is not supported: torch raises on a zero divisor, "
+                "which the machine cannot check (divide by a constant, or cast to float32)")
+    divisor = torch.as_tensor(divisor, dtype=torch.int64)
+    if (divisor == 0).any() or (divisor.abs() >= EXACT_FP32).any():
+        rw.fail(f"with rounding_mode={mode!r} by {divisor.tolist()} is not supported (a zero divisor raises in torch)")
+    bound = _magnitude_bound(rw, x)
+    if bound is None or bound >= EXACT_FP32:
+        rw.fail(f"with rounding_mode={mode!r} of an integer tensor is not supported here: the machine divides in "
+                "fp32, exact for values below 2^24, and no such bound on its values is known; cast it to float32")
+    quotient = rw.binary("div", rw.cast(x, FP32), rw.const(divisor.float(), FP32), FP32)
+    return _to_int(rw, rw.unary(quotient, "floor" if mode == "floor" else "trunc", FP32), DType.INT32, bound)
+
+
 @rule("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.floor_divide.default", "aten.floor_divide.Scalar")
 def _div_mode(rw: Rewriter, n, a):
     """Division rounded as torch's fp32 kernels round it: trunc(a / b), or the floor division of its vectorized
     kernel (Python's: (a - fmod(a, b)) / b, one less where the remainder's sign differs from b's, the floor moved
     up where the quotient lies more than half above it, a signed zero, and a / b for b = 0 or where a / b
-    overflows). Integers would divide in fp32, not as torch's integer division; bf16 and fp16 kernels round each
-    step to their dtype (measured), which fp32 steps do not reproduce: both are refused."""
+    overflows). int32 divides as _integer_div can prove exact; bf16 and fp16 kernels round each step to their dtype
+    (measured), which fp32 steps do not reproduce, and are refused."""
     mode = "floor" if n.op.startswith("aten.floor_divide") else a["rounding_mode"]
     if mode is None:
         return rw.arith("div", a["input"], a["other"])
+    if n.dtype is DType.INT32:
+        return _integer_div(rw, a["input"], a["other"], mode)
     if n.dtype is not FP32:
         rw.fail(f"with rounding_mode={mode!r} in {n.dtype.text} is not supported: the machine reproduces torch's "
                 "float32 kernel only (cast the operands to float32)")

@@ -122,6 +122,33 @@ def _linear(rw: Rewriter, n, a):
     return _matmul(rw, a["input"], weight_t, n.dtype, lambda p, **arith: _scaled_add(rw, p, a["bias"], 1, 1, **arith))
 
 
+@rule("transformers.grouped_mm_fallback.default")
+def _grouped_mm(rw: Rewriter, n, a):
+    """transformers' grouped matmul of a mixture of experts (its fallback kernel, which models call on the CPU and
+    under torch.compile outside bf16): rows start:end of `input` [S, D] (sorted by expert) times `weight[e]` [D, O],
+    where end runs through `offs` [E] (cumulative counts) and start is the previous end (0 first), as Python slices
+    (a negative bound counts from S); rows in no range stay zero, and a later expert's range overwrites an earlier.
+    The ranges are values and the shapes static, so every expert multiplies every row, in one matmul by the
+    experts' weights side by side ([D, E * O]), and each expert's range selects its rows: E times the grouped
+    kernel's work, as the modeled time shows, with each row's products those of eager's matmul."""
+    x, weight, offs = a["input"], a["weight"], a["offs"]
+    (s, d), (e, _, o) = x.shape, weight.shape
+    side_by_side = rw.reshape(rw.permute(weight, (1, 0, 2)), (d, e * o))
+    products = rw.reshape(_matmul(rw, x, side_by_side, n.dtype), (s, e, o))
+    rows = rw.const(torch.arange(s, dtype=torch.float32).reshape(s, 1), DType.FP32)
+    offs = rw.cast(offs, DType.FP32)     # exact: int32 values within 2^24 of an S within 2^24
+    bounds = rw.where(rw.scalar(offs, "lt", 0), rw.scalar(offs, "add", s, dtype=DType.FP32), offs, DType.FP32)
+    out, start = rw.filled(0, (s, o), n.dtype), None
+    for i in range(e):
+        end = rw.slice(bounds, 0, i, i + 1)
+        inside = rw.binary("lt", rows, end)
+        if start is not None:
+            inside = rw.binary("and", inside, rw.binary("ge", rows, start))
+        out = rw.where(inside, rw.reshape(rw.slice(products, 1, i, i + 1), (s, o)), out, n.dtype)
+        start = end
+    return out
+
+
 def _repeat_heads(rw: Rewriter, x: ir.Node, heads: int) -> ir.Node:
     """[..., Hk, S, D] -> [..., heads, S, D], kv head h serving query heads h*r .. h*r+r-1 (torch's enable_gqa)."""
     *batch, hk, s, d = x.shape

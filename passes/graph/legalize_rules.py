@@ -212,7 +212,7 @@ for _op, _value in (("full.default", "fill_value"), ("full_like.default", "fill_
                     ("zeros.default", 0), ("zeros_like.default", 0), ("new_zeros.default", 0),
                     ("ones.default", 1), ("ones_like.default", 1), ("new_ones.default", 1),
                     ("empty.memory_format", 0), ("empty_like.default", 0), ("new_empty.default", 0),
-                    ("empty_strided.default", 0)):
+                    ("empty_strided.default", 0), ("empty_permuted.default", 0)):
     pm_legalize[f"aten.{_op}"] = _filled(_value)
 
 

@@ -1,4 +1,5 @@
-"""legalize's rule table: `rule` registers a rule for aten ops in `pm_legalize`; the rule modules
+"""legalize's rule table: `rule` registers a rule for aten ops (and the few custom ops models ship, such as
+transformers' grouped matmul) in `pm_legalize`; the rule modules
 (passes/graph/legalize_rules.py and the ones it imports) fill it. Shared by them: the axis helpers, the
 keep_fp32 marking of one op's intermediates and the row gather.
 """
@@ -29,6 +30,12 @@ class Unusable:
     """An output of a multi-output op that trnc does not compute; using it is an error."""
 
     what: str
+
+
+def lowered(target) -> bool:
+    """Whether capture takes an fx call target as an op: every aten operator (legalize refuses the ones without a
+    rule by name), and the custom operators that have a rule."""
+    return isinstance(target, torch._ops.OpOverload) and (target.namespace == "aten" or str(target) in pm_legalize)
 
 
 def rule(*ops: str, whole: bool = False):
