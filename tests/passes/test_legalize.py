@@ -44,8 +44,9 @@ def front_end(model, args, kwargs=None, decompose: bool | None = True):
     return graph, info, stats
 
 
-def check(model, *args, decompose: bool | None = True, **kwargs):
-    """The front end's graph run by the interpreter matches eager; returns the graph."""
+def check(model, *args, decompose: bool | None = True, rel_tol: float = REL_TOL, **kwargs):
+    """The front end's graph run by the interpreter matches eager within `rel_tol` of the largest output; returns
+    the graph."""
     model = model.eval()
     graph, info, _ = front_end(model, args, kwargs, decompose)
     leaves = pytree.tree_leaves((args, kwargs))
@@ -60,7 +61,7 @@ def check(model, *args, decompose: bool | None = True, **kwargs):
             continue
         ref64, out64 = ref.double(), out.double()
         scale = ref64.abs().max().clamp_min(1e-30)
-        assert ((out64 - ref64).abs().max() / scale).item() <= REL_TOL
+        assert ((out64 - ref64).abs().max() / scale).item() <= rel_tol
     return graph
 
 
@@ -219,7 +220,11 @@ def test_sdpa_beyond_the_fused_kernels_limits_is_two_matmuls_and_a_softmax(q_sha
 
     def sdpa(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m if masked else None, is_causal=causal)
-    graph = check(Fn(sdpa), q, k, v, mask)
+    # P @ V sums over the keys in another order than eager's kernel (whose order depends on the host's vector
+    # width): the two differ by about sqrt(keys) u, random rounding errors; 8 sqrt(keys) u leaves the margin
+    # (2050 keys: 2.2e-5; measured 1.5e-6 on an AVX-512 host)
+    tol = max(REL_TOL, 8 * math.sqrt(k_shape[-2]) * 2.0 ** -24)
+    graph = check(Fn(sdpa), q, k, v, mask, rel_tol=tol)
     assert not ops(graph, "attention") and len(ops(graph, "matmul")) == 2 and len(ops(graph, "softmax")) == 1
 
 
