@@ -132,9 +132,15 @@ def llama(decode: bool):
 
 
 def vision_model(name: str, quick_resolution: int):
+    """A torchvision model with random weights. Its init zeroes some classifiers (ViT's head): they are drawn too,
+    else every output is 0 at every precision and the SQNRs say nothing."""
     def build(quick: bool):
         torch.manual_seed(0)
         model = getattr(torchvision().models, name)(weights=None).eval()
+        with torch.no_grad():
+            for layer in model.modules():
+                if isinstance(layer, nn.Linear) and not layer.weight.any():
+                    nn.init.normal_(layer.weight, std=layer.in_features ** -0.5)
         resolution = quick_resolution if quick else 224
         return model, (torch.randn(1, 3, resolution, resolution),)
     return build
