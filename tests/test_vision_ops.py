@@ -86,6 +86,38 @@ def test_pooling_matches_eager(name):
     compiled_matches(module, torch.randn(shape))
 
 
+INDEXED_POOLS = {
+    "max_pool2d 3/2 pad 1": lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True),
+    "max_pool2d ceil_mode, dilation": lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True,
+                                                             return_indices=True),
+    "max_pool2d rectangular, no stride": lambda x: F.max_pool2d(x, (2, 3), 1, return_indices=True),
+    "max_pool1d ceil_mode": lambda x: F.max_pool1d(x.flatten(2), 4, 3, 2, ceil_mode=True, return_indices=True),
+    "adaptive_max_pool2d uneven": lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+    "adaptive_max_pool1d": lambda x: F.adaptive_max_pool1d(x.flatten(2), 7, return_indices=True),
+}
+
+
+@pytest.mark.parametrize("name", list(INDEXED_POOLS))
+def test_max_pool_indices_equal_eager(name):
+    """Values and indices bit for bit: small integers make ties everywhere (the first maximum wins), NaNs (the
+    last NaN of a window wins), windows all -inf (the window's first element), and padding, which torch's loop
+    never visits."""
+    g = torch.Generator().manual_seed(1801)
+    x = torch.randint(-3, 3, (2, 3, 11, 10), generator=g).float()
+    r = torch.rand(x.shape, generator=g)
+    x[r < 0.04] = float("nan")
+    x[0, 1] = -float("inf")
+    fn = INDEXED_POOLS[name]
+
+    class Pool(nn.Module):
+        def forward(self, x):
+            return fn(x)
+    got, want = trnc.compile(Pool(), (x,), cache=False)(x), fn(x)
+    for g_, w_ in zip(got, want):
+        assert g_.shape == w_.shape and g_.dtype == w_.dtype
+        torch.testing.assert_close(g_, w_, rtol=0, atol=0, equal_nan=True)
+
+
 class ConvBnRelu(nn.Module):
     def __init__(self, cin=8, cout=16):
         super().__init__()

@@ -8,7 +8,7 @@ same dtype) so views and copies that change nothing cost nothing. An aten node w
 inputs are all constants is computed now with torch itself (exactly as eager would: masks, position
 ids, rotary cos/sin tables), unless its result would be much larger than its inputs and a rule exists.
 Multi-output ops give a list of values, `getitem` nodes pick one; an output trnc cannot compute
-(native_layer_norm's mean) is an Unusable that fails only when used. Every error names the aten op
+(flash attention's logsumexp) is an Unusable that fails only when used. Every error names the aten op
 and the user's source line.
 """
 from __future__ import annotations

@@ -18,13 +18,15 @@ per output row and then per output column.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import Unusable, rule
+from trnc.passes.graph.legalize_index import _to_int
+from trnc.passes.graph.legalize_table import rule, take
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -145,9 +147,41 @@ def _pool_args(a, rank: int):
 def _max_pool(rw: Rewriter, n, a):
     x = _batched(rw, a["input"])
     kernel, stride, pad = _pool_args(a, 2)
-    out_shape = n.attrs["outputs"][0][0]
-    out = _pool(rw, n, x, "max", kernel, stride, pad, _pair(a["dilation"]), out_shape[-2:], x.dtype)
-    return [rw.reshape(out, out_shape), Unusable("indices")]
+    dilation = _pair(a["dilation"])
+    (out_shape, _), (index_shape, index_dtype) = n.attrs["outputs"][:2]
+    out = _pool(rw, n, x, "max", kernel, stride, pad, dilation, out_shape[-2:], x.dtype)
+    taps = [[(torch.arange(out_shape[-2 + d]) * stride[d] - pad[d] + t * dilation[d], x.shape[2 + d])
+             for t in range(kernel[d])] for d in (0, 1)]
+    indices = _window_argmax(rw, x, *[[(i, (i >= 0) & (i < size)) for i, size in taps[d]] for d in (0, 1)])
+    return [rw.reshape(out, out_shape), rw.reshape(rw.cast(indices, index_dtype), index_shape)]
+
+
+def _window_argmax(rw: Rewriter, x: ir.Node, rows, cols) -> ir.Node:
+    """The indices output of a max pool over [N, C, H, W], as torch's CPU loop finds them: h * W + w of the first
+    element of each window that is greater than all before it, or NaN (so the last NaN), starting from the
+    window's first element. Windows are given per axis as taps (input position of each output row or column, and
+    whether it lies in that output's window), visited in the loop's order; each tap is a gather by constant
+    positions, a compare and two selects. int32 (index_bound), exact in fp32 for H * W within 2^24."""
+    width = x.shape[3]
+    first = None
+    for (r, r_in), (c, c_in) in reversed([(row, col) for row in rows for col in cols]):
+        inside = r_in[:, None] & c_in[None, :]
+        here = (r[:, None] * width + c[None, :]).float()
+        first = here if first is None else torch.where(inside, here, first)
+    best_value = rw.filled(-math.inf, (*x.shape[:2], len(rows[0][0]), len(cols[0][0])), x.dtype)
+    best = rw.const(first, DType.FP32)
+    for (r, r_in), (c, c_in) in ((row, col) for row in rows for col in cols):
+        inside = r_in[:, None] & c_in[None, :]
+        if not inside.any():
+            continue
+        value = take(rw, take(rw, x, 2, rw.const(r.clamp(0, x.shape[2] - 1), DType.INT32)), 3,
+                     rw.const(c.clamp(0, width - 1), DType.INT32))
+        better = rw.binary("or", rw.binary("gt", value, best_value), rw.binary("ne", value, value))
+        if not inside.all():
+            better = rw.binary("and", better, rw.const(inside, DType.UINT8))
+        best_value = rw.where(better, value, best_value, x.dtype)
+        best = rw.where(better, rw.const((r[:, None] * width + c[None, :]).float(), DType.FP32), best, DType.FP32)
+    return _to_int(rw, best, DType.INT32, x.shape[2] * width)
 
 
 @rule("aten.avg_pool2d.default")
@@ -206,13 +240,17 @@ def _adaptive_pool(rw: Rewriter, n, a):
     else:
         rw.fail(f"to {list(out_size)} from {list(size)}: windows of several sizes and more than "
                 f"{MAX_ADAPTIVE_REDUCTIONS} output rows and columns")
+    windows = [[_adaptive_window(i, size[d], out_size[d]) for i in range(out_size[d])] for d in (0, 1)]
     if op == "sum":
-        counts = [torch.tensor([float(hi - lo) for lo, hi in (_adaptive_window(i, size[d], out_size[d])
-                                                            for i in range(out_size[d]))], dtype=torch.float64)
-                  for d in (0, 1)]
+        counts = [torch.tensor([float(hi - lo) for lo, hi in windows[d]], dtype=torch.float64) for d in (0, 1)]
         out = _divided(rw, out, counts[0][:, None] * counts[1][None, :], n.dtype)
         return rw.reshape(out, out_shape)
-    return [rw.reshape(out, out_shape), Unusable("indices")]
+    taps = []
+    for d in (0, 1):
+        start, end = (torch.tensor(v) for v in zip(*windows[d]))
+        taps.append([(start + t, start + t < end) for t in range(int((end - start).max()))])
+    index_shape, index_dtype = n.attrs["outputs"][1]
+    return [rw.reshape(out, out_shape), rw.reshape(rw.cast(_window_argmax(rw, x, *taps), index_dtype), index_shape)]
 
 
 def _adaptive_window(i: int, size: int, out: int) -> tuple[int, int]:

@@ -279,7 +279,7 @@ def _normalized_rows(rw: Rewriter, rows: ir.Node, eps: float, dtype: DType) -> i
     return rw.emit("layer_norm", (rows,), rows.shape, dtype, eps=float(eps), has_weight=False, has_bias=False)
 
 
-def _row_stats(rw: Rewriter, rows: ir.Node, eps: float, mean_dtype: DType, rstd_dtype: DType):
+def row_stats(rw: Rewriter, rows: ir.Node, eps: float, mean_dtype: DType, rstd_dtype: DType):
     """The mean of each row and 1 / sqrt(biased variance + eps), in fp32 (pruned when unused); also the sum of
     squared deviations, for the unbiased variance of the running statistics."""
     count = rows.shape[-1]
@@ -301,7 +301,7 @@ def _affine(rw: Rewriter, y: ir.Node, weight, bias, channel_dim: int, dtype: DTy
     return rw.cast(y, dtype)
 
 
-def _empty(rw: Rewriter, n) -> list:
+def empty_outputs(rw: Rewriter, n) -> list:
     """The outputs of a norm of an empty input: empty ones are empty, statistics over no values unsupported."""
     return [rw.filled(0, shape, dtype) if 0 in shape else Unusable("statistics over no values")
             for shape, dtype in n.attrs["outputs"]]
@@ -312,7 +312,7 @@ def _group_norm(rw: Rewriter, n, a):
     """Each group of C / group channels of a sample is one row of the layer norm."""
     x, groups = a["input"], a["group"]
     if 0 in x.shape:
-        return _empty(rw, n)
+        return empty_outputs(rw, n)
     batch, channels = x.shape[0], x.shape[1]
     rows = rw.reshape(x, (batch, groups, math.prod(x.shape[1:]) // groups))
     (_, out_dtype), (_, mean_dtype), (_, rstd_dtype) = n.attrs["outputs"]
@@ -320,7 +320,7 @@ def _group_norm(rw: Rewriter, n, a):
     y = _normalized_rows(rw, rows, a["eps"], FP32 if affine else out_dtype)
     y = _affine(rw, rw.reshape(y, (batch, channels, math.prod(x.shape[2:]))), a["weight"],
                 a["bias"], 1, out_dtype)
-    mean, rstd, _ = _row_stats(rw, rows, a["eps"], mean_dtype, rstd_dtype)
+    mean, rstd, _ = row_stats(rw, rows, a["eps"], mean_dtype, rstd_dtype)
     return [rw.reshape(y, x.shape), mean, rstd]
 
 
@@ -334,7 +334,7 @@ def _batch_norm_training(rw: Rewriter, n, a):
         rw.fail("with training=False is not supported here: inference-mode batch norm is "
                 "aten._native_batch_norm_legit_no_training")
     if 0 in x.shape:
-        return _empty(rw, n)
+        return empty_outputs(rw, n)
     rank, channels = len(x.shape), x.shape[1]
     channel_first = (1, 0) + tuple(range(2, rank))   # a swap of dims 0 and 1, its own inverse
     channels_first = x if x.shape[0] == 1 else rw.permute(x, channel_first)
@@ -347,7 +347,7 @@ def _batch_norm_training(rw: Rewriter, n, a):
     else:
         y = rw.permute(rw.reshape(y, tuple(x.shape[d] for d in channel_first)), channel_first)
     y = _affine(rw, y, a["weight"], a["bias"], 1, outputs[0])
-    mean, rstd, squares = _row_stats(rw, rows, a["eps"], FP32, outputs[2])
+    mean, rstd, squares = row_stats(rw, rows, a["eps"], FP32, outputs[2])
     result = [y, rw.cast(mean, outputs[1]), rstd]
     if n.op == "aten._native_batch_norm_legit_functional.default":
         count = rows.shape[1]

@@ -22,7 +22,7 @@ from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convol
 from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-reduction and scan rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
 from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math function rules)
-from trnc.passes.graph import legalize_nn  # noqa: F401  (registers the activation, padding and norm rules)
+from trnc.passes.graph import legalize_nn  # (registers the activation, padding and norm rules; row statistics)
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
@@ -329,7 +329,15 @@ def _layer_norm_rule(rw: Rewriter, n, a):
 
 @rule("aten.native_layer_norm.default", whole=True)
 def _native_layer_norm(rw: Rewriter, n, a):
-    return [_layer_norm(rw, n, a, n.attrs["outputs"][0][1]), Unusable("mean"), Unusable("rstd")]
+    """The normalized tensor, and each row's mean and 1 / sqrt(variance + eps) (legalize_nn.row_stats, pruned
+    where unused, as in every model's layer norms)."""
+    (_, out_dtype), (stat_shape, mean_dtype), (_, rstd_dtype) = n.attrs["outputs"]
+    x, k = a["input"], len(a["normalized_shape"])
+    if 0 in x.shape:
+        return legalize_nn.empty_outputs(rw, n)
+    rows = rw.reshape(x, (math.prod(x.shape[:-k]), math.prod(x.shape[-k:])))
+    mean, rstd, _ = legalize_nn.row_stats(rw, rows, a["eps"], mean_dtype, rstd_dtype)
+    return [_layer_norm(rw, n, a, out_dtype), rw.reshape(mean, stat_shape), rw.reshape(rstd, stat_shape)]
 
 
 # -- movement -------------------------------------------------------------------------------------------------

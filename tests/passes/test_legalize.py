@@ -435,9 +435,15 @@ def test_float_to_int64_of_a_non_constant_tensor_is_refused():
     _raises(Fn(lambda a: a.long()), (x(3),), "holds torch.int64 as int32, and torch gives values beyond int32")
 
 
-def test_layer_norm_statistics_are_refused_when_used():
-    _raises(Fn(lambda a: torch.native_layer_norm(a, (4,), None, None, 1e-5)[1]), (x(2, 4),),
-            r"native_layer_norm\.default output 1 \(mean\)")
+def test_layer_norm_statistics_match_eager():
+    """native_layer_norm's mean and rstd, over one and over two normalized dims."""
+    check(Fn(lambda a, w, b: torch.native_layer_norm(a, (4,), w, b, 1e-5)), x(2, 3, 4), x(4), x(4))
+    check(Fn(lambda a: torch.native_layer_norm(a, (3, 4), None, None, 1e-3)), x(2, 3, 4) * 5 + 2)
+
+
+def test_an_output_trnc_does_not_compute_is_refused_when_used():
+    _raises(Fn(lambda a: torch.native_dropout(a, 0.5, False)[1]), (x(2, 4),),
+            r"native_dropout\.default output 1 \(dropout mask\)")
 
 
 def test_bitwise_ops_on_integers_are_refused():
