@@ -292,3 +292,29 @@ def test_a_long_cumsum_adds_in_log_steps_within_the_same_bound():
     assert bool(((got.double() - ref.double()).abs() <= cumsum_bound(x, ref, 1))[0].all())
     ids = torch.randint(0, 3, (2, size), generator=torch.Generator().manual_seed(3))
     assert_same(run(roberta_position_ids, ids), roberta_position_ids(ids))
+
+
+def test_arg_reductions_of_fp32_values_under_auto_cast_all_find_an_element():
+    """auto_cast="all" narrowed the max to bf16, which then equalled no fp32 element, and argmax gave the axis
+    size (fuzz seed 92000180: argmax of [0.6236, -1.344] was 2). The max stays as x holds it: values that differ
+    in fp32 but round to one bf16 value are told apart, as eager tells them."""
+    x = torch.tensor([[1.0, 1.001, -2.0, 0.6236], [-1.344, -1.3441, 3.0, 3.001]])
+    for fn in (lambda t: torch.argmax(t, dim=1), lambda t: torch.argmin(t, 1), lambda t: torch.max(t, 1),
+               lambda t: torch.argmax(t[0, :2])):
+        assert_same(run(fn, x, precision="bf16", auto_cast="all"), fn(x))
+
+
+@pytest.mark.parametrize("size", [2, 700])   # the triangle matmul, and the log-step scan past TRIANGLE_MAX
+def test_scans_keep_their_intermediates_fp32_under_auto_cast_all(size):
+    """One torch op rounds once: under auto_cast="all" only a scan's result is bf16. Its selects and partial sums
+    were narrowed, rounding the inputs first: the bf16 cumsum of two fp32 inputs was off by both roundings (fuzz
+    seed 93000010). Here every prefix cancels to 1e-3 * k, which rounding 1.001 to bf16 (1.0) would wipe out."""
+    x = torch.tensor([1.001, -1.0]).repeat(size // 2)
+    checks = {"cumsum": (lambda t: torch.cumsum(t, 0), U * size),
+              "cumprod": (lambda t: torch.cumprod(t, 0), U * size),
+              "logcumsumexp": (lambda t: torch.logcumsumexp(t, 0), U * 4 * math.log2(size) + U),
+              "cummax": (lambda t: torch.cummax(t, 0).values, 0.0)}
+    for name, (fn, fp32_error) in checks.items():
+        got, ref = run(fn, x, precision="bf16", auto_cast="all"), fn(x.double()).float()
+        bound = (2.0 ** -8 + fp32_error) * ref.abs() + (fp32_error * x.abs().sum() if name == "cumsum" else 0)
+        assert ((got - ref).abs() <= bound).all(), name

@@ -82,7 +82,8 @@ def _arg_extreme(rw: Rewriter, x: ir.Node, axis: int, op: str, keepdim: bool, in
     if size > EXACT_FP32:
         rw.fail(f"over an axis of {size} elements is not supported: indices above 2^24 are not exact in fp32")
     m = rw.reduce(x, op, (axis,), True, x.dtype)
-    hits = rw.binary("eq", x, m)
+    m.attrs["keep_fp32"] = True   # an element of x, as x holds it: narrowed to bf16 (auto_cast "all") it equalled
+    hits = rw.binary("eq", x, m)  # none of x's fp32 elements, and argmax gave the axis size (fuzz seed 92000180)
     if x.dtype.is_float:
         hits = rw.binary("or", hits, rw.binary("ne", x, x))
     shape = tuple(s for d, s in enumerate(x.shape) if keepdim or d != axis)
@@ -251,13 +252,17 @@ def _cumsum(rw: Rewriter, n, a):
     if size > TRIANGLE_MAX:
         add = lambda e, later: [rw.binary("add", e[0], later[0], FP32)]  # noqa: E731
         (summed,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, add)
-        return rw.cast(summed, n.dtype) if n.dtype.is_float else _to_int(rw, summed, n.dtype, bound * size)
+        return keep_fp32_inside(rw.cast(summed, n.dtype), x) if n.dtype.is_float else \
+            _to_int(rw, summed, n.dtype, bound * size)
     triangle = _triangle(rw, size)
     if x.dtype.is_float:
         summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _cumsum_float(rw, t, triangle))
     else:
         summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _prefix_sums(rw, t, triangle))
-    return rw.cast(summed, n.dtype) if n.dtype.is_float else _to_int(rw, summed, n.dtype, bound * size)
+    # one torch op: its intermediates stay fp32 under auto_cast "all" (the selects of x narrowed, a bf16 cumsum
+    # of two fp32 inputs was off by both roundings; fuzz seed 93000010)
+    return keep_fp32_inside(rw.cast(summed, n.dtype), x) if n.dtype.is_float else \
+        _to_int(rw, summed, n.dtype, bound * size)
 
 
 def _log_step_scan(rw: Rewriter, xs: list[ir.Node], dim: int, combine) -> list[ir.Node]:
@@ -299,7 +304,7 @@ def _cummax(rw: Rewriter, n, a):
 
     index = rw.expand(_iota(rw, size, dim, len(x.shape)), x.shape)
     values, indices = _log_step_scan(rw, [x, index], dim, combine)
-    return [rw.cast(values, value_dtype), _to_int(rw, indices, index_dtype, size)]
+    return [keep_fp32_inside(rw.cast(values, value_dtype), x), _to_int(rw, indices, index_dtype, size)]
 
 
 @rule("aten.cumprod.default")
@@ -314,7 +319,7 @@ def _cumprod(rw: Rewriter, n, a):
         return rw.cast(x, n.dtype)
     dim = dim_of(a["dim"], len(x.shape))
     (product,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, lambda e, later: [rw.binary("mul", e[0], later[0], FP32)])
-    return rw.cast(product, n.dtype)
+    return keep_fp32_inside(rw.cast(product, n.dtype), x)
 
 
 @rule("aten.logcumsumexp.default")
@@ -339,4 +344,4 @@ def _logcumsumexp(rw: Rewriter, n, a):
         return [rw.binary("add", high, tail, FP32)]
 
     (total,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, combine)
-    return rw.cast(total, n.dtype)
+    return keep_fp32_inside(rw.cast(total, n.dtype), x)
