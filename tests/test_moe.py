@@ -78,16 +78,17 @@ def test_histc_over_the_datas_range_and_float_cumsums_to_int_are_refused():
         run(lambda t: torch.cumsum(t * 3, 0, dtype=torch.int32), x)
 
 
-def test_integer_floor_and_trunc_division_of_bounded_values_are_exact():
+def test_integer_division_and_remainders_of_bounded_values_are_exact():
     """Sorted positions // top-k (the tokens of a mixture's routing), and bounded values of both signs by positive
-    and negative divisors, as floor and trunc."""
+    and negative divisors: floor and trunc division, remainder (Python's sign) and fmod (C's)."""
     x = torch.randn(3, 50, generator=torch.Generator().manual_seed(1704))
 
     def divided(t):
         perm = t.argsort(dim=-1)
         shifted = perm - 23
         return (perm // 2, shifted // 3, shifted // -3, torch.div(shifted, 4, rounding_mode="trunc"),
-                torch.div(shifted, -7, rounding_mode="trunc"), torch.floor_divide(shifted, 5))
+                torch.div(shifted, -7, rounding_mode="trunc"), torch.floor_divide(shifted, 5), shifted % 7,
+                shifted % -4, torch.fmod(shifted, 6), torch.fmod(shifted, -5), torch.remainder(perm, 3))
     got, ref = run(divided, x), divided(x)
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype and torch.equal(g, r)

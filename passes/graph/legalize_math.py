@@ -63,6 +63,8 @@ for _name, _f in SIGN.items():
 
 def _binary(op: str):
     def lower(rw: Rewriter, n, a):
+        if op in ("remainder", "fmod") and n.dtype is DType.INT32 and isinstance(a["input"], ir.Node):
+            return _integer_remainder(rw, a["input"], a["other"], op)
         _float_input(rw, n, op)
         return rw.arith(op, a["input"], a["other"])
     return lower
@@ -87,25 +89,39 @@ def _round_decimals(rw: Rewriter, n, a):
     return rw.scalar(rw.unary(rw.scalar(x, first, ten, dtype=FP32), "rint", FP32), last, ten)
 
 
-def _integer_div(rw: Rewriter, x: ir.Node, y, mode: str) -> ir.Node:
-    """int32 x // y (or trunc) for |x| known below 2^24 and y a nonzero constant: floor(fl(x / y)) in fp32 is the
-    exact quotient's floor, as a quotient that is no integer lies at least 1/|y| from one and fl errs by less than
-    |x / y| 2^-24 < 1/|y|. A divisor computed at run time is refused: torch raises on a zero, the machine cannot."""
+def _integer_quotient(rw: Rewriter, x: ir.Node, y, mode: str):
+    """floor or trunc of int32 x / y, in fp32, for |x| known below 2^24 and y a nonzero constant: fl(x / y) rounded
+    so is the exact quotient's, as a quotient that is no integer lies at least 1/|y| from one and fl errs by less
+    than |x / y| 2^-24 < 1/|y|. A divisor computed at run time is refused: torch raises on a zero, the machine
+    cannot. Returns (x in fp32, the quotient, y as an fp32 constant, the bound on |x|)."""
     divisor = rw.torch_value(y, torch.int64) if isinstance(y, ir.Node) and y.op == "const" else y
-    if isinstance(divisor, torch.Tensor) and divisor.dtype.is_floating_point or isinstance(divisor, float):
-        rw.fail(f"with rounding_mode={mode!r} of an integer tensor by a float is not supported (cast to float32)")
+    if isinstance(divisor, float) or isinstance(divisor, torch.Tensor) and divisor.dtype.is_floating_point:
+        rw.fail("of an integer tensor by a float is not supported (cast to float32)")
     if isinstance(y, ir.Node) and y.op != "const":
-        rw.fail(f"with rounding_mode={mode!r} of integer tensors is not supported: torch raises on a zero divisor, "
-                "which the machine cannot check (divide by a constant, or cast to float32)")
+        rw.fail("of integer tensors is not supported: torch raises on a zero divisor, which the machine cannot "
+                "check (divide by a constant, or cast to float32)")
     divisor = torch.as_tensor(divisor, dtype=torch.int64)
     if (divisor == 0).any() or (divisor.abs() >= EXACT_FP32).any():
-        rw.fail(f"with rounding_mode={mode!r} by {divisor.tolist()} is not supported (a zero divisor raises in torch)")
+        rw.fail(f"by {divisor.tolist()} is not supported (a zero divisor raises in torch)")
     bound = _magnitude_bound(rw, x)
     if bound is None or bound >= EXACT_FP32:
-        rw.fail(f"with rounding_mode={mode!r} of an integer tensor is not supported here: the machine divides in "
-                "fp32, exact for values below 2^24, and no such bound on its values is known; cast it to float32")
-    quotient = rw.binary("div", rw.cast(x, FP32), rw.const(divisor.float(), FP32), FP32)
-    return _to_int(rw, rw.unary(quotient, "floor" if mode == "floor" else "trunc", FP32), DType.INT32, bound)
+        rw.fail("of an integer tensor is not supported here: the machine divides in fp32, exact for values below "
+                "2^24, and no such bound on its values is known; cast it to float32")
+    x32, y32 = rw.cast(x, FP32), rw.const(divisor.float(), FP32)
+    return x32, rw.unary(rw.binary("div", x32, y32, FP32), mode, FP32), y32, bound
+
+
+def _integer_div(rw: Rewriter, x: ir.Node, y, mode: str) -> ir.Node:
+    _, quotient, _, bound = _integer_quotient(rw, x, y, mode)
+    return _to_int(rw, quotient, DType.INT32, bound)
+
+
+def _integer_remainder(rw: Rewriter, x: ir.Node, y, op: str) -> ir.Node:
+    """int32 remainder (the divisor's sign, Python's) or fmod (the dividend's): x - y * floor(x / y) or
+    trunc(x / y), every step exact in fp32 for the values _integer_quotient takes."""
+    x32, quotient, y32, bound = _integer_quotient(rw, x, y, "floor" if op == "remainder" else "trunc")
+    rest = rw.binary("sub", x32, rw.binary("mul", quotient, y32, FP32), FP32)
+    return _to_int(rw, rest, DType.INT32, bound)
 
 
 @rule("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.floor_divide.default", "aten.floor_divide.Scalar")
