@@ -37,6 +37,21 @@ class OpDef:
     magnified: Callable = lambda a: False   # (attrs) -> reference.py evaluates its noisy lanes at SAFETY times their
                                             # operands' deviations: an op with a flat piece (relu, clamp, maximum,
                                             # amax, ...) or exp, where SAFETY times its own deviation falls short
+    order: Callable = lambda a, rank: None  # (attrs, rank of the first arg) -> the Order that decides its result:
+                                            # reference.py rejects near-ties there (argmax, sort's indices, top-k)
+
+
+@dataclass(frozen=True)
+class Order:
+    """The positions along `dim` of an op's first argument (all of them, flattened, for None) whose order by value
+    decides its result: the first `k` (None: all), ranked descending or ascending; `ties_defined`: whether torch
+    defines the result on an exact tie there (argmax's first index, a stable sort) or leaves it to the
+    implementation (top-k)."""
+
+    dim: int | None
+    k: int | None
+    descending: bool
+    ties_defined: bool
 
 
 def _spelled(spellings):
@@ -269,6 +284,58 @@ def _var_reference(lane, ev, x, p, a, metas, out):
 OPS["var"] = OpDef(_var_render, _var_reference)
 OPS["count"] = OpDef(lambda x, p, a: f"{x[0]}.sum()" if a["dims"] is None else f"{x[0]}.sum(dim={a['dims']!r})",
                      lambda lane, ev, x, p, a, metas, out: ev(x, p))
+
+# -- orderings: arg-reductions, sort, top-k, a gather by an ordering's indices, cumsum -------------------------
+ARG = {"argmax": ("torch.argmax({0}, dim={dim}, keepdim={keep})", "{0}.argmax({dim}, {keep})",
+                  "torch.max({0}, {dim}, {keep})[1]", "{0}.max(dim={dim}, keepdim={keep}).indices"),
+       "argmin": ("torch.argmin({0}, dim={dim}, keepdim={keep})", "{0}.argmin({dim}, {keep})",
+                  "torch.min({0}, {dim}, {keep})[1]", "{0}.min(dim={dim}, keepdim={keep}).indices")}
+
+
+def _arg_render(x, p, a):
+    if a["dim"] is None:
+        return f"torch.{a['fn']}({x[0]})"
+    return ARG[a["fn"]][a.get("form", 0) % 4].format(x[0], dim=a["dim"], keep=a["keepdim"])
+
+
+def _exact(lane, ev, x, p, a, metas, out):
+    return ev(x, p)
+
+
+OPS["arg"] = OpDef(_arg_render, _exact, order=lambda a, rank: Order(a["dim"], 1, a["fn"] == "argmax", True))
+
+
+def _sort_render(x, p, a):
+    d, desc, pick = a["dim"], a["descending"], ("values", "indices").index(a["out"])
+    if a["out"] == "indices" and a.get("form", 0) % 2:
+        return f"{x[0]}.argsort(dim={d}, descending={desc}, stable=True)"
+    return f"torch.sort({x[0]}, dim={d}, descending={desc}, stable=True)[{pick}]"
+
+
+def _topk_render(x, p, a):
+    pick = ("values", "indices").index(a["out"])
+    return (f"torch.topk({x[0]}, {a['k']}, dim={a['dim']}, largest={a['largest']})[{pick}]",
+            f"{x[0]}.topk({a['k']}, {a['dim']}, {a['largest']}).{a['out']}")[a.get("form", 0) % 2]
+
+
+def _picked(lane, ev, x, p, a, metas, out):
+    """Values an ordering picks: exact copies of the operand's elements, continuous in them like max."""
+    y = ev(x, p)
+    return lane.store(y, out.dtype) if out.is_float else y
+
+
+OPS["sort"] = OpDef(_sort_render, _picked, magnified=lambda a: a["out"] == "values",
+                    order=lambda a, rank: Order(a["dim"], None, a["descending"], True) if a["out"] == "indices"
+                    else None)
+OPS["topk"] = OpDef(_topk_render, _picked, magnified=lambda a: a["out"] == "values",
+                    order=lambda a, rank: Order(a["dim"], a["k"], a["largest"], False) if a["out"] == "indices"
+                    else None)
+OPS["gather"] = OpDef(lambda x, p, a: (f"{x[0]}.gather({a['dim']}, {x[1]})",
+                                       f"torch.take_along_dim({x[0]}, {x[1]}, dim={a['dim']})")[a.get("form", 0) % 2],
+                      _picked, magnified=lambda a: True)
+OPS["cumsum"] = OpDef(lambda x, p, a: (f"torch.cumsum({x[0]}, dim={a['dim']})", f"{x[0]}.cumsum({a['dim']})")[
+                          a.get("form", 0) % 2],
+                      _accumulated(lambda metas, a: metas[0].shape[a["dim"]] if metas[0].shape else 1))
 
 # -- rows: softmax and norms --------------------------------------------------------------------------------
 SOFTMAX = {"softmax": ("torch.softmax({0}, dim={dim})", "F.softmax({0}, dim={dim})", "{0}.softmax({dim})"),

@@ -130,6 +130,66 @@ def reduce(b):
     return b.op("reduce", [x], fn=fn, dims=dims, keepdim=b.chance(0.4), form=b.form())
 
 
+def arg(b):
+    x = b.pick_float()
+    if x is None:
+        return None
+    rank = len(b.shape_of(x))
+    dim = None if b.chance(0.2) else b.dims(rank, single=True)
+    return b.op("arg", [x], fn=b.choice(("argmax", "argmin")), dim=dim, keepdim=b.chance(0.4), form=b.form())
+
+
+def _order_dim(b, x) -> int:
+    rank = len(b.shape_of(x))
+    return b.int(-max(rank, 1), max(rank, 1) - 1)
+
+
+def sort(b):
+    x = b.pick_float()
+    if x is None:
+        return None
+    return b.op("sort", [x], dim=_order_dim(b, x), descending=b.chance(0.5), out=b.choice(("values", "indices")),
+                form=b.form())
+
+
+def topk(b):
+    x = b.pick_float(min_rank=1)
+    if x is None:
+        return None
+    dim = _order_dim(b, x)
+    size = b.shape_of(x)[dim]
+    return b.op("topk", [x], k=b.int(1, min(size, 8)), dim=dim, largest=b.chance(0.6),
+                out=b.choice(("values", "indices")), form=b.form())
+
+
+def gather(b):
+    """x gathered along a dim by the indices of an ordering of a value of x's shape (x itself, or another):
+    argmax/argmin with keepdim, sort's or top-k's indices."""
+    x = b.pick_float(min_rank=1)
+    if x is None:
+        return None
+    shape = b.shape_of(x)
+    same = [j for j in b.values("float") if b.shape_of(j) == shape]
+    y = b.pick(same) if b.chance(0.5) else x
+    dim = _order_dim(b, x)
+    way = b.int(0, 2)
+    if way == 0:
+        index = b.op("arg", [y], fn=b.choice(("argmax", "argmin")), dim=dim, keepdim=True, form=b.form())
+    elif way == 1:
+        index = b.op("sort", [y], dim=dim, descending=b.chance(0.5), out="indices", form=b.form())
+    else:
+        index = b.op("topk", [y], k=b.int(1, min(shape[dim], 8)), dim=dim, largest=b.chance(0.5), out="indices",
+                     form=b.form())
+    return b.op("gather", [x, index], dim=dim, form=b.form())
+
+
+def cumsum(b):
+    x = b.pick_float()
+    if x is None:
+        return None
+    return b.op("cumsum", [x], dim=_order_dim(b, x), form=b.form())
+
+
 def var(b):
     x = b.pick_float(min_rank=1)
     if x is None:
@@ -469,6 +529,7 @@ PROPOSERS = {   # family: (proposer, weight)
     "linear": (linear, 5), "sdpa": (sdpa, 4), "attention": (attention_written_out, 1), "mlp": (mlp, 1),
     "residual": (residual_norm, 1), "embedding": (embedding, 2), "cast": (cast, 3), "reshape": (reshape, 5),
     "permute": (permute, 4), "index": (index, 5), "cat": (cat, 3), "split": (split, 3), "expand": (expand, 2),
-    "squeeze": (squeeze, 3), "copy": (copy, 1),
+    "squeeze": (squeeze, 3), "copy": (copy, 1), "arg": (arg, 2), "sort": (sort, 2), "topk": (topk, 1),
+    "gather": (gather, 2), "cumsum": (cumsum, 2),
 }
 

@@ -287,10 +287,35 @@ class Evaluation:
                 return "a non-finite value in a perturbed lane"
         if isinstance(node, Op) and OPS[node.kind].compare:
             return self._near_tie(node)
+        if isinstance(node, Op) and (order := OPS[node.kind].order(node.a, len(self.metas[node.args[0]].shape))):
+            return self._near_tie_in_order(node.args[0], order)
         if index in self.logits:
             logits = [torch.where(torch.isfinite(t), t, 0.0) for t in self.logits[index]]
             if any((SAFETY * self._spread(logits, m.precision)).max() > 1 for m in self.modes):
                 return "softmax logits whose rounding errors reach one nat"
+        return None
+
+    def _near_tie_in_order(self, a: int, order) -> str | None:
+        """An ordering (ops.Order) whose decisive neighbours, ranked by the reference, lie within SAFETY times
+        their deviations of each other: rounding may swap them. An exact tie of exact values stays a tie, and is
+        judged where torch defines its result (the first index, a stable sort). The deviations include the
+        rounding of the operand to its storage dtype (an fp32 input is ordered in bf16 under auto_cast="all":
+        two inputs that round to one bf16 value tie there; seed 92000043, an argmin)."""
+        value, meta = self.values[a][0], self.metas[a]
+        x = _rows(value, order.dim)
+        ranked, at = (-x if order.descending else x).sort(dim=-1, stable=True)
+        k = x.shape[-1] if order.k is None else min(order.k + 1, x.shape[-1])
+        gap = ranked[:, 1:k] - ranked[:, :k - 1]
+        for m in self.modes:
+            dev = self.deviation(a, m.precision)
+            storage = m.storage(meta.dtype) if meta.is_float else meta.dtype
+            if storage != meta.dtype:
+                dev = dev + torch.where(_round(value, storage) == value, 0.0, U[storage] * value.abs())
+            dev = _rows(dev, order.dim).gather(-1, at)
+            tol = SAFETY * (dev[:, 1:k] + dev[:, :k - 1])
+            exact_tie = (gap == 0) & (tol == 0)
+            if ((gap <= tol) & ~(exact_tie & order.ties_defined)).any():
+                return f"a near-tie of an ordering at {m.precision}"
         return None
 
     def _near_tie(self, node: Op) -> str | None:
@@ -305,6 +330,14 @@ class Evaluation:
             if not ((margin > SAFETY * dev) | (dev == 0)).all():
                 return f"a near-tie of a comparison at {m.precision}"
         return None
+
+
+def _rows(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """t with `dim` moved last (every element in one row for None), as [rows, n]."""
+    if dim is None or t.dim() == 0:
+        return t.reshape(1, -1)
+    moved = t.movedim(dim, -1)
+    return moved.reshape(-1, moved.shape[-1])
 
 
 def size_trouble(op: Op | Input, metas: list[Meta], meta: Meta) -> str | None:
