@@ -318,3 +318,11 @@ def test_scans_keep_their_intermediates_fp32_under_auto_cast_all(size):
         got, ref = run(fn, x, precision="bf16", auto_cast="all"), fn(x.double()).float()
         bound = (2.0 ** -8 + fp32_error) * ref.abs() + (fp32_error * x.abs().sum() if name == "cumsum" else 0)
         assert ((got - ref).abs() <= bound).all(), name
+
+
+def test_an_integer_cumsum_past_256_stays_exact_under_auto_cast_all():
+    """The cast of an int cumsum's operand to fp32 was narrowed to bf16 (exact_index stopped at the prefix-sum
+    matmul, marked already): the cumsum of the argsort indices of 600 elements was off by 24."""
+    x = torch.randn(2, 600, generator=torch.Generator().manual_seed(1706))
+    fn = lambda t: torch.cumsum(t.argsort(dim=1), dim=1)  # noqa: E731
+    assert_same(run(fn, x, precision="bf16", auto_cast="all"), fn(x))

@@ -102,3 +102,25 @@ def test_integer_division_that_fp32_cannot_prove_exact_is_refused():
         run(lambda t: t.argsort() // 0, torch.randn(12))
     with pytest.raises(UnsupportedOpError, match=r"of integer tensors is not supported: torch raises on a zero"):
         run(lambda t, d: t.argsort() // d, torch.randn(12), ids + 1)
+
+
+def test_routing_stays_exact_under_auto_cast_all():
+    """bf16 holds integers exactly only up to 256: row numbers, expert bounds and histc's counts must stay fp32
+    under auto_cast="all". 600 rows in ranges past 256, and counts of 300."""
+    g = torch.Generator().manual_seed(1705)
+    x, w = torch.randn(600, 16, generator=g), torch.randn(3, 16, 8, generator=g)
+    offs = torch.tensor([257, 301, 599], dtype=torch.int32)
+    got = trnc.compile(Fn(grouped_mm).eval(), (x, w, offs), cache=False, precision="bf16", auto_cast="all")(x, w, offs)
+    ref = grouped_mm(x, w, offs)
+    owner = torch.bucketize(torch.arange(600), offs, right=True)    # the expert of each row; 3: none
+    assert torch.equal(got[owner == 3] == 0, torch.ones_like(got[owner == 3], dtype=torch.bool))
+    bf16_bound = 2.0 ** -7 * torch.stack([x.abs() @ w[i].abs() for i in range(3)])   # bf16 operands and result
+    for e in range(3):
+        rows = owner == e
+        assert ((got[rows] - ref[rows]).abs() <= bf16_bound[e][rows] + 2.0 ** -8 * ref[rows].abs()).all(), e
+    ids = torch.cat([torch.zeros(300), torch.ones(257), torch.full((43,), 2.0)])
+
+    def offsets(i):
+        return torch.cumsum(torch.histc(i, bins=3, min=0, max=2), dim=0, dtype=torch.int32)
+    got = trnc.compile(Fn(offsets).eval(), (ids,), cache=False, precision="bf16", auto_cast="all")(ids)
+    assert torch.equal(got, offsets(ids))

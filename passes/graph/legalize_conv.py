@@ -26,7 +26,7 @@ import torch
 from trnc import ir
 from trnc.isa.dtypes import DType
 from trnc.passes.graph.legalize_index import _to_int
-from trnc.passes.graph.legalize_table import rule, take
+from trnc.passes.graph.legalize_table import keep_fp32_inside, rule, take
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -181,7 +181,7 @@ def _window_argmax(rw: Rewriter, x: ir.Node, rows, cols) -> ir.Node:
             better = rw.binary("and", better, rw.const(inside, DType.UINT8))
         best_value = rw.where(better, value, best_value, x.dtype)
         best = rw.where(better, rw.const((r[:, None] * width + c[None, :]).float(), DType.FP32), best, DType.FP32)
-    return _to_int(rw, best, DType.INT32, x.shape[2] * width)
+    return keep_fp32_inside(_to_int(rw, best, DType.INT32, x.shape[2] * width), x)   # compares as eager's, in fp32
 
 
 @rule("aten.avg_pool2d.default")

@@ -66,11 +66,14 @@ def _to_int(rw: Rewriter, x: ir.Node, dtype: DType, bound: int) -> ir.Node:
 
 def exact_index(x: ir.Node) -> ir.Node:
     """x, an fp32 index or count (an integer within 2^24), with the fp32 nodes it is made of (up to the first value
-    of another dtype) marked `keep_fp32`: auto_cast="all" would store them in bf16, exact only up to 256."""
-    stack = [x]
+    of another dtype) marked `keep_fp32`: auto_cast="all" would store them in bf16, exact only up to 256. The walk
+    goes on through nodes marked already (it stopped at the prefix-sum matmul, and the cast of an int cumsum's
+    operand before it was narrowed: the cumsum of argsort indices of 600 elements was off by 24)."""
+    stack, seen = [x], set()
     while stack:
         n = stack.pop()
-        if n.dtype is FP32 and not n.attrs.get("keep_fp32"):
+        if n.dtype is FP32 and n not in seen:
+            seen.add(n)
             n.attrs["keep_fp32"] = True
             stack.extend(n.inputs)
     return x
@@ -180,7 +183,7 @@ def _histc(rw: Rewriter, n, a):
     inside = rw.binary("and", rw.scalar(flat, "ge", lo32), rw.scalar(flat, "le", hi32))
     hits = rw.binary("and", rw.binary("eq", position, _iota(rw, bins, 1, 2)), inside)
     counts = rw.reduce(rw.cast(hits, FP32), "sum", (0,), keepdim=False, dtype=FP32)
-    counts.attrs["index_bound"] = size
+    counts.attrs.update(index_bound=size, keep_fp32=True)   # bf16 (auto_cast "all") holds counts exactly only to 256
     return keep_fp32_inside(rw.cast(counts, n.dtype), x)
 
 
