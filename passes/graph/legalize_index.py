@@ -252,20 +252,24 @@ def _cumsum(rw: Rewriter, n, a):
                     f"sums stay within 2^24, and {known}; cast it to float32 (or to bool/int8) first")
     if size == 1:
         return rw.cast(x, n.dtype)
+
+    def finish(summed: ir.Node) -> ir.Node:
+        """One torch op: its intermediates stay fp32 under auto_cast "all" (the selects of x narrowed, a bf16 cumsum
+        of two fp32 inputs was off by both roundings; fuzz seed 93000010)."""
+        if n.dtype.is_float:
+            return keep_fp32_inside(rw.cast(summed, n.dtype), x)
+        return _to_int(rw, summed, n.dtype, bound * size)
+
     if size > TRIANGLE_MAX:
         add = lambda e, later: [rw.binary("add", e[0], later[0], FP32)]  # noqa: E731
         (summed,) = _log_step_scan(rw, [rw.cast(x, FP32)], dim, add)
-        return keep_fp32_inside(rw.cast(summed, n.dtype), x) if n.dtype.is_float else \
-            _to_int(rw, summed, n.dtype, bound * size)
+        return finish(summed)
     triangle = _triangle(rw, size)
     if x.dtype.is_float:
         summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _cumsum_float(rw, t, triangle))
     else:
         summed = _last_axis_scan(rw, rw.cast(x, FP32), dim, lambda t: _prefix_sums(rw, t, triangle))
-    # one torch op: its intermediates stay fp32 under auto_cast "all" (the selects of x narrowed, a bf16 cumsum
-    # of two fp32 inputs was off by both roundings; fuzz seed 93000010)
-    return keep_fp32_inside(rw.cast(summed, n.dtype), x) if n.dtype.is_float else \
-        _to_int(rw, summed, n.dtype, bound * size)
+    return finish(summed)
 
 
 def _log_step_scan(rw: Rewriter, xs: list[ir.Node], dim: int, combine) -> list[ir.Node]:

@@ -10,7 +10,7 @@ from trnc import ir
 from trnc.isa.dtypes import DType
 from trnc.passes.tile.kernels import attention as attention_kernel
 from trnc.passes.tile.kernels.matmul_plan import on_vector_engines
-from trnc.passes.graph.legalize_index import exact_index
+from trnc.passes.graph.legalize_index import EXACT_FP32, exact_index
 from trnc.passes.graph.legalize_table import Unusable, pm_whole, rule
 
 if TYPE_CHECKING:
@@ -134,10 +134,10 @@ def _grouped_mm(rw: Rewriter, n, a):
     kernel's work, as the modeled time shows, with each row's products those of eager's matmul."""
     x, weight, offs = a["input"], a["weight"], a["offs"]
     (s, d), (e, _, o) = x.shape, weight.shape
+    if s >= EXACT_FP32:
+        rw.fail(f"of {s} rows is not supported: row numbers above 2^24 are not exact in fp32")
     side_by_side = rw.reshape(rw.permute(weight, (1, 0, 2)), (d, e * o))
     products = rw.reshape(_matmul(rw, x, side_by_side, n.dtype), (s, e, o))
-    if s >= 2 ** 24:
-        rw.fail(f"of {s} rows is not supported: row numbers above 2^24 are not exact in fp32")
     # row numbers and bounds in fp32, kept so under auto_cast "all" (bf16 holds integers exactly only to 256); a
     # bound past +-2^24 rounds but stays past +-S, selecting the same rows
     rows = exact_index(rw.const(torch.arange(s, dtype=torch.float32).reshape(s, 1), DType.FP32))
