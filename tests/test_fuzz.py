@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fuzz import repro
-from fuzz.build import module_source, resolve
+from fuzz.build import Invalid, module_source, resolve
 from fuzz.reference import prepare
 from fuzz.regressions import PROGRAMS as PINNED
 from fuzz.run import Config, run_program, run_seed
@@ -60,18 +60,29 @@ def test_a_reproducer_decides_on_its_own_as_the_fuzzer_did(tmp_path, one_thread)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("seed", [202006905, 202009763, 111001791, 2222005245])
+@pytest.mark.parametrize("seed", [202006905, 202009763, 111001791, 2222005245, 12002002341])
 def test_the_tolerance_reaches_across_a_clamp_up_exp_and_through_attention(seed, one_thread):
     """Programs the long campaigns called mismatches, where the tolerance fell short and trnc was right:
     202006905 clamps a linear whose dot products cancel, 202009763 takes exp(8 tanh(a layer norm of near-equal
     bf16 values)) (reference.py, "magnified" ops); 111001791 is bf16 attention over three keys whose outputs
     cancel, where trnc rounds the normalized probabilities to bf16 and the lanes the unnormalized ones (eager's
     own error there is larger than trnc's; ops.py, _sdpa_reference); 2222005245 is the bf16 mean of 87 squares
-    of grid values, whose roundings all go one way (reference.py, the rounding lane). All are matches now. The
-    programs are pinned (fuzz/regressions.py): the generator's seeds draw others once its families change."""
+    of grid values, whose roundings all go one way (reference.py, the rounding lane); 12002002341 feeds a bf16
+    gelu of 2.03 to a linear whose bias cancels it, where every noisy lane's operand had snapped to the
+    deterministic lane's grid point (reference.py, Lane.operand). All are matches now. The programs are pinned
+    (fuzz/regressions.py): the generator's seeds draw others once its families change."""
     precision, _, program = PINNED[seed]
     outcome = run_program(program, Config(precision, "api"))
     assert outcome.kind == "match", outcome.message
+
+
+def test_a_layer_norm_whose_rounding_decides_its_direction_is_redrawn(one_thread):
+    """12002001450 normalizes two features 0.005 apart at 3.8, a third of a bf16 ulp: trnc rounded them to one
+    value and returned 0.37 for a reference of 0.97 (eager in bf16: 0.17). No tolerance can judge that; the
+    generator re-draws it (reference.py, OpDef.nats)."""
+    precision, _, program = PINNED[12002001450]
+    with pytest.raises(Invalid, match=r"node 9 \(layer_norm\): rounding errors of 1 / SAFETY nats"):
+        prepare(program, precision)
 
 
 @pytest.mark.parametrize("seed", [222001033, 222005423])

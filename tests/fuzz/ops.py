@@ -32,8 +32,9 @@ class OpDef:
     reference: Callable   # (lane, ev, args, params, attrs, metas, out: Meta) -> float64 tensor
     params: Callable = lambda metas, a: []   # (metas of the args, attrs) -> list[Param]
     compare: bool = False  # a comparison: reference.py rejects near-ties of its operands
-    logits: Callable | None = None   # (lane, args, params, attrs, metas) -> the logits of a softmax, whose
-                                     # rounding errors reference.py keeps below one nat
+    nats: Callable | None = None   # (lane, args, params, attrs, metas) -> what decides the op in nats: the logits
+                                   # of a softmax, the log of a layer norm's scale; reference.py keeps their
+                                   # rounding errors below 1 / SAFETY nats
     magnified: Callable = lambda a: False   # (attrs) -> reference.py evaluates its noisy lanes at SAFETY times their
                                             # operands' deviations: an op with a flat piece (relu, clamp, maximum,
                                             # amax, ...) or exp, where SAFETY times its own deviation falls short
@@ -361,7 +362,7 @@ def _softmax_reference(lane, ev, x, p, a, metas, out):
 
 
 OPS["softmax"] = OpDef(lambda x, p, a: SOFTMAX[a["fn"]][a.get("form", 0) % 3].format(*x, dim=a["dim"]),
-                       _softmax_reference, logits=lambda lane, x, p, a, metas: x[0])
+                       _softmax_reference, nats=lambda lane, x, p, a, metas: x[0])
 
 
 def _norm_params(metas, a):
@@ -392,7 +393,14 @@ def _layer_norm_reference(lane, ev, x, p, a, metas, out):
     return lane.store(y, out.dtype)
 
 
-OPS["layer_norm"] = OpDef(_layer_norm_render, _layer_norm_reference, _norm_params)
+def _layer_norm_log_scale(lane, x, p, a, metas):
+    """log sqrt(var + eps) per row: where rounding moves it by a good fraction, the row's spread is of the size of
+    its roundings and rounding decides the normalized row's direction."""
+    axes = tuple(range(x[0].dim() - a["k"], x[0].dim()))
+    return 0.5 * torch.log(x[0].var(axes, correction=0) + a["eps"])
+
+
+OPS["layer_norm"] = OpDef(_layer_norm_render, _layer_norm_reference, _norm_params, nats=_layer_norm_log_scale)
 
 
 def _rms_norm_render(x, p, a):
@@ -527,7 +535,7 @@ def _sdpa_reference(lane, ev, x, p, a, metas, out):
     return lane.store(o / total, out.dtype, 0.5, absolute=rounding)
 
 
-OPS["sdpa"] = OpDef(_sdpa_render, _sdpa_reference, _sdpa_params, logits=_sdpa_logits)
+OPS["sdpa"] = OpDef(_sdpa_render, _sdpa_reference, _sdpa_params, nats=_sdpa_logits)
 OPS["embedding"] = OpDef(
     lambda x, p, a: (f"F.embedding({x[0]}, {(x + p)[1]})", f"{(x + p)[1]}[{x[0]}]")[a.get("form", 0) % 2],
     _pointwise(), lambda metas, a: [Param((a["rows"], a["d"]), a["dtype"])] if a["table"] == "param" else [])

@@ -31,7 +31,8 @@ amplification. An output element's deviation is |deterministic - reference| + th
 deterministic|: added rather than sampled together, so noise that happens to cancel the deterministic error
 cannot hide it, and the sizes in [1/2, 1] keep a lone error from being sampled near zero. Noisy values are not
 re-rounded to the storage grid: snapping every lane to the same grid point made the sampled spread vanish
-exactly where the real error is half an ulp (seen at bf16). A few lanes still sample a sum of several errors
+exactly where the real error is half an ulp (seen at bf16). Nor are a noisy lane's matmul operands: it moves
+them by the deterministic lane's rounding of the same operands (Lane.operand). A few lanes still sample a sum of several errors
 near zero in some element of a large tensor now and then (with four lanes, about 1e-4 per element for four
 errors of one size: seen at bf16 as a mismatch of 1.05x the tolerance; hence LANES = 6), so an element's
 deviation is at least RELATIVE_FLOOR times the median relative deviation of its value's inexact elements:
@@ -54,7 +55,11 @@ comparison whose operands are within SAFETY times their deviations of a tie in s
 may flip it legitimately (if both operands are exact, a tie is a tie and stays); and a softmax or attention
 whose logits deviate by more than 1 / SAFETY nats: past that the result is decided by which of two near-equal
 large logits wins, a discontinuity in all but name (seen at bf16: logits of 1e4 two nats apart, where eager
-picked one key and trnc, within bf16's rounding, weighed two). max, min, amax and clamp need
+picked one key and trnc, within bf16's rounding, weighed two); and a layer norm whose scale, sqrt(var + eps),
+deviates by more than 1 / SAFETY of itself: the row's spread is then of the size of its roundings, and rounding
+decides which way the normalized row points (seen at bf16: two features 0.005 apart at 3.8, a third of a bf16
+ulp; they rounded to one value, the normalized row became the bias, and a std and x / sqrt(x^2 + c) downstream
+gave 0.37 for a reference of 0.97, where eager in bf16 gives 0.17). max, min, amax and clamp need
 no such check: they are continuous, so a near-tie moves their value by no more than the operands' errors.
 But they have flat pieces (relu, clamp, maximum, minimum, amax, amin, max, min), where the sampled deviation
 vanishes while SAFETY times the operand's deviation would cross the kink: a clamp at -2 of a value of -2.375
@@ -118,14 +123,18 @@ class Lane:
     every op's local rounding error, with a random sign and a random size in [1/2, 1] of its bound), or the
     rounding lane (a noisy lane whose every stored value is rounded to nearest even in its storage dtype)."""
 
-    def __init__(self, mode: Mode | None, index: int, noisy: bool = False, rounding: bool = False):
-        self.mode, self.index, self.noisy, self.rounding = mode, index, noisy, rounding
-        self.perturbed = mode is not None
+    def __init__(self, mode: Mode | None, index: int, det: Lane | None = None, rounding: bool = False):
+        self.mode, self.index, self.det, self.rounding = mode, index, det, rounding
+        self.perturbed, self.noisy = mode is not None, det is not None
         self.gen = torch.Generator()
+        self.offsets: list[torch.Tensor] = []   # the deterministic lane's: its operand roundings in this op
+        self.taken = 0                           # a noisy lane's: how many of them it has used
 
     def start(self, seed: int) -> None:
-        """Seed the noise of one op: its draws depend on the op, not on what was evaluated before."""
+        """Begin one op: seed its noise (its draws depend on the op, not on what was evaluated before), and
+        forget the previous op's operands."""
         self.gen.manual_seed(seed * 64 + self.index)
+        self.offsets, self.taken = [], 0
 
     @property
     def internal(self) -> torch.dtype:
@@ -158,10 +167,23 @@ class Lane:
         return self.store(y + bound * self._noise(y), dtype)
 
     def operand(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """A matmul operand of dtype `dtype` as the machine feeds it: in bf16 under auto_cast="all"."""
+        """A matmul operand of dtype `dtype` as the machine feeds it: in bf16 under auto_cast="all". The
+        deterministic lane rounds it; a noisy lane moves its own value by the deterministic lane's rounding of the
+        same operand (the op's k-th operand call in both), so its deviation is its upstream errors, as with any
+        other value. Snapped to the grid instead, a noisy operand mostly lands on the deterministic lane's grid
+        point, and the lanes' spread vanishes where an implementation's operand, off by its own upstream
+        roundings, lands on the next one (seen at bf16: a gelu of 2.03 fed to a linear whose bias cancels it,
+        1.56x the tolerance with every lane on one grid point; seed 12002002341)."""
         if not self.perturbed:
             return x
-        return _round(x, torch.bfloat16 if self.mode.precision == "bf16" else dtype)
+        y = _round(x, torch.bfloat16 if self.mode.precision == "bf16" else dtype)
+        if self.det is None:
+            self.offsets.append(y - x)
+        elif not self.rounding:
+            offset = self.det.offsets[self.taken]
+            self.taken += 1
+            return x + offset
+        return y
 
     def operand_bound(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The largest error of feeding x as a matmul operand when the value rounded is the implementation's own
@@ -189,12 +211,13 @@ class Evaluation:
 
     def __init__(self, precisions=PRECISIONS):
         self.modes = [Mode(p) for p in precisions]
-        per_mode = LANES + 2     # the deterministic lane, the noisy lanes, the rounding lane
-        self.lanes = [Lane(None, 0)] + [Lane(m, 1 + j * per_mode + k, noisy=k > 0, rounding=k > LANES)
-                                        for j, m in enumerate(self.modes) for k in range(per_mode)]
+        self.lanes = [Lane(None, 0)]
+        for j, m in enumerate(self.modes):   # the deterministic lane, the noisy lanes, the rounding lane
+            det = Lane(m, 1 + j * (LANES + 2))
+            self.lanes += [det] + [Lane(m, det.index + k, det, rounding=k > LANES) for k in range(1, LANES + 2)]
         self.values: list[list[torch.Tensor]] = []
         self.metas: list[Meta] = []
-        self.logits: dict[int, list[torch.Tensor]] = {}   # per lane, of the softmax-like nodes
+        self.nats: dict[int, list[torch.Tensor]] = {}   # per lane, of the nodes with OpDef.nats
 
     def lanes_of(self, precision: str) -> tuple[int, list[int]]:
         """The deterministic lane and the noisy lanes (the rounding lane among them) of a precision."""
@@ -218,7 +241,7 @@ class Evaluation:
             return evaluate(text, args, ps)
 
         metas = [self.metas[a] for a in node.args]
-        logits = OPS[node.kind].logits
+        nats = OPS[node.kind].nats
         out, lane_params = [], []
         for j, lane in enumerate(self.lanes):
             lane.start(node.seed)
@@ -229,8 +252,8 @@ class Evaluation:
                 raise AssertionError(f"the reference of {node.kind} has shape {list(y.shape)}, eager {meta.shape}")
             out.append(y)
             lane_params.append(ps)
-            if logits is not None:
-                self.logits.setdefault(len(self.values), []).append(logits(lane, args, ps, node.a, metas))
+            if nats is not None:
+                self.nats.setdefault(len(self.values), []).append(nats(lane, args, ps, node.a, metas))
         if OPS[node.kind].magnified(node.a):
             self._magnify(node, meta, out, ev, lane_params)
         return out
@@ -249,7 +272,7 @@ class Evaluation:
                 out[j] = self.lanes[j].store(out[det] + wider / SAFETY, meta.dtype)
 
     def pop(self) -> None:
-        self.logits.pop(len(self.values) - 1, None)
+        self.nats.pop(len(self.values) - 1, None)
         self.values.pop()
         self.metas.pop()
 
@@ -289,10 +312,10 @@ class Evaluation:
             return self._near_tie(node)
         if isinstance(node, Op) and (order := OPS[node.kind].order(node.a, len(self.metas[node.args[0]].shape))):
             return self._near_tie_in_order(node.args[0], order)
-        if index in self.logits:
-            logits = [torch.where(torch.isfinite(t), t, 0.0) for t in self.logits[index]]
-            if any((SAFETY * self._spread(logits, m.precision)).max() > 1 for m in self.modes):
-                return "softmax logits whose rounding errors reach one nat"
+        if index in self.nats:
+            nats = [torch.where(torch.isfinite(t), t, 0.0) for t in self.nats[index]]
+            if any((SAFETY * self._spread(nats, m.precision)).max() > 1 for m in self.modes):
+                return "rounding errors of 1 / SAFETY nats where they decide the result"
         return None
 
     def _near_tie_in_order(self, a: int, order) -> str | None:
