@@ -16,8 +16,8 @@ from trnc.isa.enums import Rounding
 from trnc.runtime.convert import from_fp32
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, KernelBuilder, KernelSig, Layout, Stream, flat_stream, i64, lowering,
-    partition_starts, stream,
+    FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, KernelBuilder, KernelSig, Layout, Stream, canonical, flat_stream, i64,
+    lowering, partition_starts, stream,
 )
 
 
@@ -31,15 +31,40 @@ def move_element(kb: KernelBuilder, src: Layout, src_base, src_off, dst: Layout,
     values.store_f32(kb, x, dst_base, dst_off, dst.dtype, rounding, rand)
 
 
+CACHE_LINE = 64   # bytes
+
+
+def partition_block(dst: Layout, src: Layout) -> int:
+    """Partitions a copy moves together, element by element: when one side's partitions are adjacent elements
+    and its free elements a cache line or more apart (a transposing DMA), so that each of its cache lines is
+    visited once rather than once per partition (GPT-2's activation transposes ran at 1.8 GB/s, 4.5 ms)."""
+    for lay in (src, dst):
+        dims = canonical(lay.dims)
+        if 0 < abs(lay.pstride) < CACHE_LINE and dims and min(abs(s) for s, _ in dims) >= CACHE_LINE:
+            return min(CACHE_LINE // abs(lay.pstride), dst.partitions)
+    return 1
+
+
 def _copy(kb: KernelBuilder, sig: KernelSig, rounding: Rounding = Rounding.RNE, seed=None) -> None:
+    """dst = src element by element; a copy's elements are independent (its operands are one access pattern or
+    disjoint), so their order is free: blocks of partition_block partitions, then the rest one by one."""
     dst, src = sig.layout("dst"), sig.layout("src")
     dbase, sbase = kb.base("dst"), kb.base("src")
     streams = [stream(dst), stream(src)] + ([flat_stream(dst.counts)] if seed is not None else [])
-    with kb.loop(dst.partitions, "p") as p:
-        starts = partition_starts(kb, p, [dst, src]) + ([i64(0)] if seed is not None else [])
+    block = partition_block(dst, src) if seed is None else 1
+    blocks, rest = divmod(dst.partitions, block)
+    with kb.loop(blocks, "pb") as pb:
+        starts = partition_starts(kb, kb.mul(pb, block), [dst, src]) + ([i64(0)] if seed is not None else [])
         with kb.elements(streams, starts, dst.free_size) as offs:
-            rand = values.sr_rand(kb, seed, p, offs[2]) if seed is not None else None
-            move_element(kb, src, sbase, offs[1], dst, dbase, offs[0], rounding, rand)
+            for j in range(block):
+                rand = values.sr_rand(kb, seed, pb, offs[2]) if seed is not None else None
+                move_element(kb, src, sbase, kb.add(offs[1], i64(j * src.pstride)), dst, dbase,
+                             kb.add(offs[0], i64(j * dst.pstride)), rounding, rand)
+    if rest:
+        with kb.loop(rest, "p") as p:
+            p = kb.add(p, i64(blocks * block))
+            with kb.elements(streams[:2], partition_starts(kb, p, [dst, src]), dst.free_size) as offs:
+                move_element(kb, src, sbase, offs[1], dst, dbase, offs[0], rounding)
 
 
 @lowering("dma_copy")

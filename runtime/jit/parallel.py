@@ -10,28 +10,36 @@ How: the instructions, in the serial order, are the *units* of work. Each unit w
 wait (s, v), the unit that sends the v-th signal of s (a semaphore is signalled from one queue, so that
 queue having finished it means the count has reached v). The run is a legal execution. Workers (one
 native function, `trnc_worker`, called from one host thread each; ctypes releases the GIL) take the next
-unit from a shared counter, wait until its pairs are met, run its driver steps (staging copies, then its
-kernel) and publish the queue's new count with a release store. A waiting worker spins a few microseconds,
-then sleeps on a futex that every finished unit advances, so workers beyond the free cores cost no time
-(the machine may be running other work, or more workers than cores).
+unit of the *take order* from a shared counter, wait until its pairs are met, run its driver steps (staging
+copies, then its kernel) and publish the queue's new count with a release store. A waiting worker spins a
+few microseconds, then sleeps on a futex that every finished unit advances, so workers beyond the free
+cores cost no time (the machine may be running other work, or more workers than cores).
 
-No deadlock: units are taken in the serial order, and a unit waits only on units before it. The earliest
-unit not yet finished has every unit before it finished, so its worker always proceeds.
-Faults: a worker whose kernel fails lowers `stop` to its unit (an atomic min). Workers run no unit past
-`stop` and stop waiting for one, while every unit before it still runs, so the fault reported is the first
-one in the serial order, the one the serial driver reports, once, whatever the thread count.
+The take order is a list schedule of the units on the workers, by estimated host cost (`host_seconds`),
+longest path to the end first. Taking units in the serial order instead leaves a worker waiting on a unit
+its neighbour has just taken while work on other queues is ready. Simulated with each unit's measured time,
+GPT-2 (4 layers, hidden 512, seq 256) on two workers runs 1.67x faster than serial in the serial order and
+2.0x in this one.
+
+No deadlock: the take order is topological (a unit waits only on units taken before it), so the earliest
+unit taken and not yet finished has all it waits on finished, and its worker always proceeds.
+Faults: a worker whose kernel fails lowers `stop` to its unit's serial index (an atomic min). Workers skip
+the units past `stop` and stop waiting for one, while every unit before it still runs (it waits only on
+units before it), so the fault reported is the first one in the serial order, the one the serial driver
+reports, once, whatever the thread count.
 """
 from __future__ import annotations
 
 import ctypes
 import threading
+import heapq
 from collections.abc import Sequence
 
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
-from trnc.isa.program import Program
+from trnc.isa.program import Instruction, Program
 from trnc.runtime.jit.kernels import I8P, I32, I64, KERNEL_TYPE, i64
 from trnc.runtime.reference import QUEUE_ORDER
 
@@ -40,8 +48,11 @@ WORKER_SYMBOL = "trnc_worker"
 # its instruction's rank in the serial order, and that instruction's piece count (runtime/jit/split.py).
 UNIT_WORDS = 8
 SPINS_BEFORE_SLEEP = 1 << 11   # pause-loop turns (a few microseconds) before a waiting worker sleeps
-# Words of the shared block: the next unit, the first faulting unit, the futex generation, the sleeping
-# workers, each queue's count of finished instructions, then each instruction's count of finished pieces.
+# Estimated host cost of an instruction (runtime/jit kernels on one core; only the take order uses them):
+# per call, per multiply-accumulate of a matmul, per element of the largest operand of anything else.
+CALL_SECONDS, MAC_SECONDS, ELEMENT_SECONDS = 5e-7, 1.2e-11, 4e-10
+# Words of the shared block: the next unit of the take order, the first faulting unit, the futex generation,
+# the sleeping workers, each queue's count of finished instructions, then each instruction's count of finished pieces.
 SHARED_NEXT, SHARED_STOP, SHARED_GENERATION, SHARED_SLEEPERS, SHARED_DONE = range(5)
 FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}   # Linux system call numbers
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
@@ -50,10 +61,11 @@ FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 class Schedule:
     """The units of a program for the parallel driver: int64 tables of units and (queue, count) dependencies."""
 
-    def __init__(self, program: Program, order: Sequence[int], pieces: Sequence[Sequence[int]]):
+    def __init__(self, program: Program, order: Sequence[int], pieces: Sequence[Sequence[int]], workers: int = 2):
         """`order`: instruction indices in the serial order; `pieces[k]`: the driver steps of each piece of the
         k-th of them (one piece unless runtime/jit/split.py split it). The pieces of an instruction are units
-        with the same dependencies; the last of them to finish publishes the queue's count."""
+        with the same dependencies; the last of them to finish publishes the queue's count. `workers`: the
+        thread count the take order is scheduled for."""
         queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
         instructions = program.instructions
         queued = [0] * len(QUEUE_ORDER)                      # units of each queue so far
@@ -84,6 +96,53 @@ class Schedule:
         self.deps = np.array(deps or [(0, 0)], dtype=np.int64)
         self.queues = sum(1 for c in queued if c)
         self.split = row > len(order)   # some instruction runs as pieces
+        costs = [host_seconds(instructions[order[k]]) / len(pieces[k]) for k in units[:, 6].tolist()]
+        self.take = self._list_schedule(costs, workers)
+
+    def _predecessors(self) -> list[list[int]]:
+        """The units each unit waits for: every piece of the instruction each (queue, count) pair names."""
+        units = self.units
+        first_of: dict[tuple[int, int], int] = {}
+        for u, (q, pos) in enumerate(units[:, 2:4].tolist()):
+            first_of.setdefault((q, pos), u)
+        preds = []
+        for first, count in units[:, 4:6].tolist():
+            found = []
+            for q, c in self.deps[first:first + count].tolist():
+                u = first_of[(q, c - 1)]
+                found.extend(range(u, u + int(units[u, 7])))
+            preds.append(found)
+        return preds
+
+    def _list_schedule(self, costs: list[float], workers: int) -> np.ndarray:
+        """The units in the order a list schedule on `workers` starts them: whenever a worker is free, the ready
+        unit with the longest estimated path to the end (then the earliest in the serial order)."""
+        preds = self._predecessors()
+        succs: list[list[int]] = [[] for _ in preds]
+        for u, found in enumerate(preds):
+            for p in found:
+                succs[p].append(u)
+        path = [0.0] * len(preds)
+        for u in range(len(preds) - 1, -1, -1):   # successors come later in the serial order
+            path[u] = costs[u] + max((path[s] for s in succs[u]), default=0.0)
+        waiting = [len(found) for found in preds]
+        ready = [(-path[u], u) for u, n in enumerate(waiting) if n == 0]
+        heapq.heapify(ready)
+        running: list[tuple[float, int]] = []
+        take, now, idle = [], 0.0, workers
+        while ready or running:
+            while ready and idle:
+                _, u = heapq.heappop(ready)
+                take.append(u)
+                heapq.heappush(running, (now + costs[u], u))
+                idle -= 1
+            now, u = heapq.heappop(running)
+            idle += 1
+            for s in succs[u]:
+                waiting[s] -= 1
+                if not waiting[s]:
+                    heapq.heappush(ready, (-path[s], s))
+        return np.array(take, dtype=np.int64)
 
     def run(self, worker, table: np.ndarray, bases: list[np.ndarray], statuses: list[np.ndarray]) -> list[int]:
         """Run the units on len(bases) threads (the caller's is one); each thread's own memory bases (its own
@@ -93,8 +152,9 @@ class Schedule:
         codes = [0] * len(bases)
 
         def work(w: int) -> None:
-            codes[w] = worker(self.units.ctypes.data, len(self.units), table.ctypes.data, self.deps.ctypes.data,
-                              bases[w].ctypes.data, statuses[w].ctypes.data, shared.ctypes.data)
+            codes[w] = worker(self.units.ctypes.data, self.take.ctypes.data, len(self.units), table.ctypes.data,
+                              self.deps.ctypes.data, bases[w].ctypes.data, statuses[w].ctypes.data,
+                              shared.ctypes.data)
 
         threads = [threading.Thread(target=work, args=(w,), name=f"trnc-worker-{w}") for w in range(1, len(bases))]
         for t in threads:
@@ -105,14 +165,23 @@ class Schedule:
         return codes
 
 
+def host_seconds(ins: Instruction) -> float:
+    """A rough estimate of an instruction's run time on the host: enough to order the units, no more."""
+    if ins.opcode == "matmul":
+        stationary, moving = ins["stationary"], ins["moving"]
+        return CALL_SECONDS + MAC_SECONDS * stationary.partitions * stationary.free_size * moving.free_size
+    return CALL_SECONDS + ELEMENT_SECONDS * max((ap.num_elements for _, ap, _ in ins.operands()), default=0)
+
+
 def supported(triple: str) -> bool:
     """Whether the host can run the parallel driver (its futex calls are Linux's); else runs are serial."""
     return "linux" in triple and triple.split("-")[0] in FUTEX_SYSCALL
 
 
 def worker_function(address: int):
-    """The ctypes function of a loaded `trnc_worker` (units, n, steps, deps, mems, status, shared)."""
-    return ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.c_void_p] * 7)(address)
+    """The ctypes function of a loaded `trnc_worker` (units, take, n, steps, deps, mems, status, shared)."""
+    return ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                            *[ctypes.c_void_p] * 5)(address)
 
 
 def declare_runtime_symbols() -> None:
@@ -126,13 +195,13 @@ class _Worker:
 
     def __init__(self, triple: str):
         self.module = ir.Module(name=WORKER_SYMBOL)
-        args = [I64.as_pointer(), I64, I64.as_pointer(), I64.as_pointer(), I8P.as_pointer(), I64.as_pointer(),
-                I64.as_pointer()]
+        args = [I64.as_pointer(), I64.as_pointer(), I64, I64.as_pointer(), I64.as_pointer(), I8P.as_pointer(),
+                I64.as_pointer(), I64.as_pointer()]
         self.fn = ir.Function(self.module, ir.FunctionType(I32, args), name=WORKER_SYMBOL)
         self.syscall = ir.Function(self.module, ir.FunctionType(I64, [I64], var_arg=True), name="syscall")
         self.futex = FUTEX_SYSCALL[triple.split("-")[0]]
         self.x86 = triple.startswith("x86_64")
-        self.units, self.n, self.steps, self.deps, self.mems, self.status, self.shared = self.fn.args
+        self.units, self.take, self.n, self.steps, self.deps, self.mems, self.status, self.shared = self.fn.args
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
 
     def block(self, name: str) -> ir.Block:
@@ -170,30 +239,33 @@ class _Worker:
 
 
 def worker_ir(triple: str) -> str:
-    """i32 trnc_worker(i64* units, i64 n, i64* steps, i64* deps, i8** mems, i64* status, i64* shared).
+    """i32 trnc_worker(i64* units, i64* take, i64 n, i64* steps, i64* deps, i8** mems, i64* status, i64* shared).
 
-    Loop: i = next++ (atomic); past n or stop: return 0. Wait until done[q] >= c for each dependency of unit i
-    (returning 0 if stop drops below i meanwhile): spin a while, then sleep on the generation futex. Call its
-    steps like the serial driver; if it is its instruction's last piece to finish, done[queue] = position + 1
-    (release) and wake. On a fault: status[0] = the step, stop = min(stop, i), wake, return the code.
+    Loop: t = next++ (atomic); past n: return 0; unit i = take[t]; at or past stop: take the next. Wait until
+    done[q] >= c for each dependency of unit i (returning 0 if stop drops below i meanwhile): spin a while,
+    then sleep on the generation futex. Call its steps like the serial driver; if it is its instruction's last
+    piece to finish, done[queue] = position + 1 (release) and wake. On a fault: status[0] = the step,
+    stop = min(stop, i), wake, return the code.
     """
     w = _Worker(triple)
     b = w.b
-    bb = {name: w.block(name) for name in ("take", "deps", "dep", "spin", "check", "pause", "sleep", "slept",
+    bb = {name: w.block(name) for name in ("take", "unit", "deps", "dep", "spin", "check", "pause", "sleep", "slept",
                                            "next_dep", "run", "step", "stepped", "fault", "finish", "publish",
                                            "done")}
     b.branch(bb["take"])
     b.position_at_end(bb["take"])                       # take the next unit
-    i = b.atomic_rmw("add", w.shared_word(SHARED_NEXT), i64(1), "monotonic")
-    past = b.or_(b.icmp_signed(">=", i, w.n), b.icmp_signed(">=", i, w.atomic(SHARED_STOP)))
+    t = b.atomic_rmw("add", w.shared_word(SHARED_NEXT), i64(1), "monotonic")
+    b.cbranch(b.icmp_signed(">=", t, w.n), bb["done"], bb["unit"])
+    b.position_at_end(bb["unit"])                       # its unit, unless a fault before it stopped the run
+    i = w.word(w.take, t)
     row = b.mul(i, i64(UNIT_WORDS))
     first_dep = w.word(w.units, b.add(row, i64(4)))
     dep_end = b.add(first_dep, w.word(w.units, b.add(row, i64(5))))
-    b.cbranch(past, bb["done"], bb["deps"])
+    b.cbranch(b.icmp_signed(">=", i, w.atomic(SHARED_STOP)), bb["take"], bb["deps"])
 
     b.position_at_end(bb["deps"])                       # for each dependency (queue, count)
     d = b.phi(I64, name="d")
-    d.add_incoming(first_dep, bb["take"])
+    d.add_incoming(first_dep, bb["unit"])
     b.cbranch(b.icmp_signed("<", d, dep_end), bb["dep"], bb["run"])
     b.position_at_end(bb["dep"])
     queue, count = w.word(w.deps, b.mul(d, i64(2))), w.word(w.deps, b.add(b.mul(d, i64(2)), i64(1)))

@@ -247,3 +247,28 @@ def test_a_wrong_jit_fails_with_the_assembly_and_the_first_difference(fault, mon
     where = r"dst differs at element \(p=2, e=5\) of 1: " if fault == "operand" else r"changed sbuf at \(3, 100000\)"
     with pytest.raises(pytest.fail.Exception, match=rf"(?s){where}.*\[seed 5\]\n    {asm}$"):
         check_against_reference(ins, 5)
+
+
+def _hbm(dtype: DType) -> int:
+    return TENSORS.index(next(t for t in TENSORS if t.dtype is dtype))
+
+
+TRANSPOSING_COPIES = [   # (dst, src): one side's partitions adjacent elements, its free elements far apart
+    (AP(Mem.SBUF, DType.FP32, 40, ((1, 20),), offset=512),
+     AP(Mem.HBM, DType.FP32, 40, ((128, 20),), offset=4, tensor=_hbm(DType.FP32), partition_stride=1)),
+    (AP(Mem.SBUF, DType.BF16, 40, ((1, 20),), offset=512),
+     AP(Mem.HBM, DType.FP32, 40, ((128, 20),), offset=0, tensor=_hbm(DType.FP32), partition_stride=1)),
+    (AP(Mem.HBM, DType.BF16, 70, ((480, 4), (-96, 5)), offset=1024, tensor=_hbm(DType.BF16), partition_stride=1),
+     AP(Mem.SBUF, DType.BF16, 70, ((1, 20),), offset=2048)),
+    (AP(Mem.HBM, DType.FP32, 128, ((64, 64),), offset=0, tensor=_hbm(DType.FP32), partition_stride=1),
+     AP(Mem.SBUF, DType.FP8_E4M3, 128, ((2, 64),), offset=4096)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TRANSPOSING_COPIES)))
+def test_transposing_copies_move_partitions_in_blocks_and_match_the_reference(case):
+    from trnc.runtime.jit.kernels import layout_of
+    from trnc.runtime.jit.kernels_move import partition_block
+    dst, src = TRANSPOSING_COPIES[case]
+    assert partition_block(layout_of(dst, HW), layout_of(src, HW)) > 1   # the blocked loop is what runs
+    check_against_reference(Instruction.make("dma_copy", Engine.DMA, dst=dst, src=src), 300 + case)

@@ -162,6 +162,29 @@ def _fan_in(length: int) -> Program:
     return Program(tensors, tuple(ins))
 
 
+def _take_order_is_topological(schedule: parallel.Schedule) -> bool:
+    """Every (queue, count) a unit waits for is reached by units taken before it."""
+    finished = {}   # queue -> instructions finished by the units taken so far, by position
+    for u in schedule.take.tolist():
+        first, count = schedule.units[u, 4:6]
+        if any(finished.get(int(q), 0) < c for q, c in schedule.deps[first:first + count].tolist()):
+            return False
+        q, pos = (int(v) for v in schedule.units[u, 2:4])
+        finished[q] = max(finished.get(q, 0), pos + 1)
+    return True
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_take_order_is_a_topological_list_schedule_not_the_serial_order(seed):
+    program = dataflow_program(seed)
+    order = execution_order(program)
+    driven = load(program)._driver_table(2)
+    schedule = parallel.Schedule(program, order, driven.pieces, workers=2)
+    assert sorted(schedule.take.tolist()) == list(range(len(schedule.units)))
+    assert _take_order_is_topological(schedule)
+    assert schedule.take.tolist() != list(range(len(schedule.units)))   # it reorders: the point of it
+
+
 def test_a_wait_on_three_queues_orders_its_instruction_after_all_three():
     program = _fan_in(512)
     inputs = {"x": np.random.default_rng(0).standard_normal((128, 512)).astype(np.float32)}

@@ -197,7 +197,26 @@ def test_fill_nan_shows_a_read_of_unwritten_memory():
                                                  src=onchip(F32, (2, 3), offset=512)),))
     jp = load(program)
     assert np.isnan(jp.run({}, fill_nan=True)["y"]).all()
-    assert (jp.run({})["y"] == 0).all()
+    assert (jp.run({})["y"] == 0).all()               # the memories a JitProgram keeps are cleared each run
+    assert np.isnan(jp.run({}, fill_nan=True)["y"]).all()
+
+
+def test_kept_scratch_tensors_start_every_run_zeroed():
+    """Each run reads a scratch tensor before writing it; the next run must read zeros again, not the last
+    run's values."""
+    tensors = (TensorDecl("x", TensorKind.INPUT, F32, (2, 3)), TensorDecl("y", TensorKind.OUTPUT, F32, (2, 3)),
+               TensorDecl("s", TensorKind.SCRATCH, F32, (2, 3)))
+    tile = onchip(F32, (2, 3), offset=512)
+    program = Program(tensors, (
+        Instruction.make("dma_copy", Engine.DMA, dst=tile, src=hbm(2, F32, (2, 3)), signals=(0,)),
+        Instruction.make("dma_copy", Engine.DMA, dst=hbm(1, F32, (2, 3)), src=tile, waits=((0, 1),), signals=(1,)),
+        Instruction.make("dma_copy", Engine.DMA, dst=hbm(2, F32, (2, 3)), src=hbm(0, F32, (2, 3)),
+                         waits=((1, 1),))))
+    jp = load(program)
+    x = {"x": np.full((2, 3), 7.0, np.float32)}
+    first, second = jp.run(x)["y"], jp.run(x)["y"]
+    assert (first == 0).all() and (second == 0).all()
+    assert first is not second                        # outputs are the caller's: fresh arrays each run
 
 
 def test_an_opcode_without_lowering_is_refused_at_load(monkeypatch):
