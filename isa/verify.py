@@ -137,7 +137,6 @@ spec_instruction: tuple[Callable[[_Ctx, Instruction], Iterator[Problem]], ...] =
 
 def _ap_form(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iterator[Problem]:
     """The AP is well formed; the other operand rules run only on operands that pass this one."""
-    isz = ap.dtype.itemsize
     if ap.partitions < 1:
         yield "ap-form", f"{name}: partition count {ap.partitions} must be >= 1"
     if len(ap.dims) > MAX_FREE_DIMS:
@@ -153,33 +152,37 @@ def _ap_form(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Ite
     if ap.num_elements > MAX_AP_ELEMENTS:
         yield "ap-form", (f"{name}: spans {ap.num_elements} elements ({ap.partitions} partitions x {_fsize(ap)}); "
                           f"at most 2^32, so every instruction's work is bounded")
+    if ap.mem is Mem.HBM:
+        if abs(ap.partition_stride) >= STRIDE_LIMIT:
+            yield "ap-form", f"{name}: partition stride {ap.partition_stride} is outside (-2^31, 2^31)"
+        if write and ap.partitions > 1 and ap.partition_stride == 0:
+            yield "ap-form", f"{name}: written over {ap.partitions} partitions with partition stride 0"
+    elif ap.partition_stride != 0:
+        yield "ap-form", f"{name}: an on-chip AP has no partition stride ({ap.partition_stride}); it must be 0"
+    yield from _ap_place(ctx, ins, name, ap, write)
+
+
+def _ap_place(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iterator[Problem]:
+    """The AP's place (offset, start partition, tensor) is well formed."""
+    isz = ap.dtype.itemsize
     if ap.offset < 0 or ap.offset % isz:
         yield "ap-form", f"{name}: byte offset {ap.offset} must be >= 0 and a multiple of {isz} ({ap.dtype.text})"
     if ap.mem is Mem.HBM:
-        yield from _hbm_form(ctx, name, ap, write)
+        tensors = ctx.program.tensors
+        if ap.start_partition != 0:
+            yield "ap-form", f"{name}: an HBM AP has no start partition ({ap.start_partition}); it must be 0"
+        if not 0 <= ap.tensor < len(tensors):
+            yield "ap-form", f"{name}: tensor {ap.tensor} does not exist; the program declares {len(tensors)}"
+        elif ap.dtype is not tensors[ap.tensor].dtype:
+            t = tensors[ap.tensor]
+            yield "ap-form", (f"{name}: dtype {ap.dtype.text} differs from tensor '{t.name}' ({t.dtype.text}); "
+                              "HBM is read and written in its declared dtype")
     else:
-        if ap.tensor != -1 or ap.partition_stride != 0:
-            yield "ap-form", (f"{name}: an on-chip AP has no tensor ({ap.tensor}) or partition stride "
-                              f"({ap.partition_stride}); both must be unset (-1, 0)")
+        if ap.tensor != -1:
+            yield "ap-form", f"{name}: an on-chip AP has no tensor ({ap.tensor}); it must be unset (-1)"
         lo, hi = ap.partition_range()
         if lo < 0 or hi > ctx.hw.partitions:
             yield "ap-form", f"{name}: partitions [{lo}, {hi}) are outside [0, {ctx.hw.partitions})"
-
-
-def _hbm_form(ctx: _Ctx, name: str, ap: AP, write: bool) -> Iterator[Problem]:
-    tensors = ctx.program.tensors
-    if ap.start_partition != 0:
-        yield "ap-form", f"{name}: an HBM AP has no start partition ({ap.start_partition}); it must be 0"
-    if abs(ap.partition_stride) >= STRIDE_LIMIT:
-        yield "ap-form", f"{name}: partition stride {ap.partition_stride} is outside (-2^31, 2^31)"
-    if write and ap.partitions > 1 and ap.partition_stride == 0:
-        yield "ap-form", f"{name}: written over {ap.partitions} partitions with partition stride 0"
-    if not 0 <= ap.tensor < len(tensors):
-        yield "ap-form", f"{name}: tensor {ap.tensor} does not exist; the program declares {len(tensors)}"
-    elif ap.dtype is not tensors[ap.tensor].dtype:
-        t = tensors[ap.tensor]
-        yield "ap-form", (f"{name}: dtype {ap.dtype.text} differs from tensor '{t.name}' ({t.dtype.text}); "
-                          "HBM is read and written in its declared dtype")
 
 
 def _memory(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iterator[Problem]:
@@ -236,6 +239,9 @@ def _e8m0(ctx: _Ctx, ins: Instruction, name: str, ap: AP, write: bool) -> Iterat
 
 
 spec_operand = (_ap_form, _memory, _partition_align, _bounds, _e8m0)
+# The operand rules that read an AP's place (offset, start partition, tensor); every other rule reads only
+# the instruction's form (_form_key), so instructions of one form differ only in these.
+place_operand = (_ap_place, _partition_align, _bounds)
 
 
 # -- shapes, keyed by opcode -------------------------------------------------------------------------
@@ -524,6 +530,22 @@ def _instruction(ctx: _Ctx, ins: Instruction) -> tuple[list[Problem], bool]:
     return problems, formed
 
 
+def _form_key(ins: Instruction) -> tuple:
+    """Everything the rules read but the places of the access patterns."""
+    return (ins.opcode, ins.engine, ins.queue,
+            tuple((k, (v.mem, v.dtype, v.partitions, v.dims, v.partition_stride) if isinstance(v, AP) else v)
+                  for k, v in ins.args))
+
+
+def _place_problems(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
+    """The rules that read places, on an instruction whose form has passed every rule elsewhere."""
+    for name, ap, write in ins.operands():
+        for rule in place_operand:
+            yield from rule(ctx, ins, name, ap, write)
+    yield from _psum_bank(ctx, ins)
+    yield from races.operand_overlap(ins)
+
+
 def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     """Every violation of the machine's rules in `program`, ordered by instruction index.
 
@@ -532,17 +554,23 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     """
     ctx = _Ctx(program, hw if hw is not None else _target(program))
     found, sound = [], []   # violations; the instructions whose operands are well formed
-    # Instructions repeated by loops (same fields, other semaphores) are checked once: the rules read only fields.
-    memo: dict[tuple, tuple[list[Problem], bool]] = {}
+    # Every rule but the place rules reads only the instruction's form, which most instructions share with
+    # others (a kernel's tiles at other offsets): after one of a form passes every rule, the others of that
+    # form are checked by the place rules alone, and checked whole only when one of those fails.
+    passed: set[tuple] = set()
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         for i, ins in enumerate(program.instructions):
-            key = (ins.opcode, ins.engine, ins.queue, ins.args)
             try:
-                problems, ok = memo[key]
-            except KeyError:
-                problems, ok = memo[key] = _instruction(ctx, ins)
-            except TypeError:                     # an unhashable field value: an ill-formed instruction
+                key = _form_key(ins)
+                seen = key in passed
+            except (TypeError, AttributeError):   # unhashable or ill-typed fields: an ill-formed instruction
+                key, seen = None, False
+            if seen and not any(True for _ in _place_problems(ctx, ins)):
+                problems, ok = [], True
+            else:
                 problems, ok = _instruction(ctx, ins)
+                if not problems and key is not None:
+                    passed.add(key)
             found.extend(Violation(i, rule, msg) for rule, msg in problems)
             if ok:
                 sound.append(i)

@@ -439,3 +439,31 @@ def test_partial_overlap_of_a_written_operand_is_rejected_but_in_place_is_allowe
     reduce_in_place = Program((), (Instruction.make("tensor_reduce", dst=AP(Mem.SBUF, DType.FP32, 128, ((1, 1),)),
                                                     src=a, axes=1),))
     assert [v.rule for v in check_rules(reduce_in_place)] == ["overlap"]
+
+
+def test_instructions_of_a_form_already_passed_are_judged_as_if_checked_whole(monkeypatch):
+    """check() runs only the place rules on an instruction whose form (everything but its APs' places) passed
+    every rule before; each place fault must still be found, with the words of the whole check."""
+    memset = op("memset")
+    a, shifted = sb(64, off=20000), sb(64, off=20016)
+    variants = [   # (rule, instruction): each follows a valid one of its form
+        ("ap-form", with_fields(memset, dst=sb(64, [(1, 2)], off=9002))),
+        ("ap-form", with_fields(memset, dst=replace(sb(64, [(1, 2)], off=9000), tensor=0))),
+        ("ap-form", with_fields(memset, dst=sb(64, [(1, 2)], start=96))),
+        ("ap-bounds", with_fields(memset, dst=sb(64, [(-1, 2)], off=0))),
+        ("ap-bounds", with_fields(memset, dst=sb(64, [(1, 2)], off=450000))),
+        ("partition-align", with_fields(memset, dst=sb(64, [(1, 2)], start=32))),
+        ("ap-form", with_fields(op("dma_copy"), src=hbm(5, 128, [(1, 64)], 64))),
+        ("psum-bank", with_fields(op("matmul"), dst=ps(64, off=2048 - 128))),
+        ("overlap", make("tensor_tensor", Engine.DVE, dst=shifted, in0=a, in1=a, op=AluOp.ADD)),
+    ]
+    valid = [with_fields(memset, dst=sb(64, [(1, 2)], off=9000)), op("dma_copy"), op("matmul"),
+             make("tensor_tensor", Engine.DVE, dst=a, in0=a, in1=a, op=AluOp.ADD)]
+    program = chain([*valid, *(ins for _, ins in variants)])
+    fast = check(program)
+    assert [v.rule for v in fast] == [rule for rule, _ in variants for _ in range(1 if rule != "overlap" else 2)]
+
+    def no_form(ins):
+        raise TypeError("every instruction checked whole")
+    monkeypatch.setattr("trnc.isa.verify._form_key", no_form)
+    assert check(program) == fast
