@@ -124,6 +124,11 @@ class OpSpec:
         """The AP fields (cached: the verifier asks for them on every operand of every instruction)."""
         return tuple(f for f in self.fields if f.kind is Kind.AP)
 
+    @functools.cached_property
+    def ap_slots(self) -> tuple[tuple[int, str, bool], ...]:
+        """(position among the fields, name, written) of each AP field: where Instruction.operands finds them."""
+        return tuple((k, f.name, f.out) for k, f in enumerate(self.fields) if f.kind is Kind.AP)
+
     def memories(self, f: Field, engine: Engine) -> frozenset[Mem]:
         """Where operand `f` may lie when `engine` runs this opcode: the engine's reach, narrowed by the field."""
         reach = ENGINE_MEMS[engine]

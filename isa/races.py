@@ -405,6 +405,13 @@ class _ExactTest:
     def __init__(self, acc: _Accesses):
         self.acc = acc
         self.cache: dict[AP, np.ndarray | None] = {}
+        self.footprints: dict[int, tuple] = {}   # by access id: an access meets many others
+
+    def _footprint(self, g: int) -> tuple:
+        found = self.footprints.get(g)
+        if found is None:
+            found = self.footprints[g] = footprint(self.acc.operands[g][1])
+        return found
 
     def _bytes(self, g: int) -> np.ndarray | None:
         ap = self.acc.operands[g][1]
@@ -414,7 +421,7 @@ class _ExactTest:
 
     def race(self, program: Program, ordering: Ordering, ga: int, gb: int, describe) -> Problem | None:
         ap_a, ap_b = self.acc.operands[ga][1], self.acc.operands[gb][1]
-        if ap_a.tensor != ap_b.tensor or not footprints_overlap(footprint(ap_a), footprint(ap_b)):
+        if ap_a.tensor != ap_b.tensor or not footprints_overlap(self._footprint(ga), self._footprint(gb)):
             return None   # other tensors, or disjoint rows (e.g. two column tiles of one matrix)
         bytes_a, bytes_b = self._bytes(ga), self._bytes(gb)
         if bytes_a is None or bytes_b is None:

@@ -188,16 +188,19 @@ class JitProgram:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = self._shape(ins, lowering, operands)
-        places = [self._place(ap) for _, ap, _ in operands]
-        for (_, ap, _), reach in zip(operands, shape.reach):
-            if ap.mem is not Mem.HBM and ap.offset + reach > self._reached[ap.mem]:
+        words = []
+        for (_, ap, write), reach in zip(operands, shape.reach):
+            words += self._place(ap)
+            if ap.mem is Mem.HBM:
+                if write:
+                    self._written.add(ap.tensor)
+            elif ap.offset + reach > self._reached[ap.mem]:
                 self._reached[ap.mem] = ap.offset + reach
-        self._written.update(ap.tensor for _, ap, write in operands if write and ap.mem is Mem.HBM)
         steps = []
         for slot, stage_at, copy, address in shape.staging:
-            places[slot], src = (self.stage_mem, stage_at), places[slot]
-            steps.append(_Step(copy, address, (*places[slot], *src)))
-        words = [word for place in places for word in place]
+            src = words[2 * slot:2 * slot + 2]
+            words[2 * slot:2 * slot + 2] = self.stage_mem, stage_at
+            steps.append(_Step(copy, address, (self.stage_mem, stage_at, *src)))
         steps.append(_Step(shape.sig, shape.address, (*words, *lowering.dynamics(ins))))
         return tuple(steps)
 
@@ -396,7 +399,8 @@ def _shape_key(ins: Instruction, statics: tuple[str, ...], operands) -> tuple:
     return (ins.opcode, tuple(ins[f] for f in statics),
             tuple((name, ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride if ap.mem is Mem.HBM else 0)
                   for name, ap, _ in operands),
-            tuple(aps.index(ap) for ap in aps))
+            tuple(next(j for j, other in enumerate(aps) if other is ap or (other.offset == ap.offset and other == ap))
+                  for ap in aps))
 
 
 def _same_groups(operands, staged: list[int]) -> tuple[tuple[str, ...], ...]:
