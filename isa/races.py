@@ -185,6 +185,7 @@ class _Accesses:
     blo: np.ndarray     # byte range [blo, bhi) within a partition (on chip) or of HBM, where tensors lie
                         # one after the other (tensor t from byte base[t]), so all HBM is one group
     bhi: np.ndarray
+    rows: np.ndarray    # [4, accesses]: the footprint's first byte (shifted as blo), end byte, row stride, width
     operands: list[tuple[str, AP]]
 
 
@@ -197,15 +198,18 @@ def _accesses(program: Program, indices: list[int]) -> _Accesses:
             box = boxes.get(ap)
             if box is None:
                 lo, hi = ap.byte_range()
+                first, end, stride, width = footprint(ap)[3:]
                 if ap.mem is Mem.HBM:
                     shift = base[ap.tensor] if 0 <= ap.tensor < len(program.tensors) else base[-1]
-                    box = boxes[ap] = (2, 0, 1, lo + shift, hi + shift)
+                    box = (2, 0, 1, lo + shift, hi + shift)
                 else:
-                    box = boxes[ap] = (int(ap.mem is Mem.PSUM), *ap.partition_range(), lo, hi)
+                    shift = 0
+                    box = (int(ap.mem is Mem.PSUM), *ap.partition_range(), lo, hi)
+                box = boxes[ap] = (*box, first + shift, end + shift, stride, width)
             rows.append((i, write, *box))
             operands.append((name, ap))
-    cols = np.array(rows, dtype=np.int64).reshape(-1, 7).T
-    return _Accesses(cols[0], cols[2], cols[1].astype(bool), cols[3], cols[4], cols[5], cols[6], operands)
+    cols = np.array(rows, dtype=np.int64).reshape(-1, 11).T
+    return _Accesses(cols[0], cols[2], cols[1].astype(bool), cols[3], cols[4], cols[5], cols[6], cols[7:], operands)
 
 
 def find_races(program: Program, ordering: Ordering, indices: list[int],
@@ -269,7 +273,9 @@ def _candidates(acc: _Accesses, ordering: Ordering, qa: int, a_ids: np.ndarray, 
             keep = ((ordering.rank[ia] < ordering.rank[ib]) & (ordering.pos[ia] >= ordering.clock[ib, qa])
                     & (acc.write[ga] | acc.write[gb]) & (acc.plo[ga] < acc.phi[gb]) & (acc.plo[gb] < acc.phi[ga])
                     & (acc.blo[ga] < acc.bhi[gb]) & (acc.blo[gb] < acc.bhi[ga]))
-            yield from zip(ga[keep].tolist(), gb[keep].tolist(), strict=True)
+            ga, gb = ga[keep], gb[keep]
+            meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
+            yield from zip(ga[meet].tolist(), gb[meet].tolist(), strict=True)
 
 
 def _expand(starts: np.ndarray, counts: np.ndarray):
@@ -351,8 +357,8 @@ def footprint(ap: AP) -> tuple:
     if ap.mem is Mem.HBM:
         return ((Mem.HBM, ap.tensor), 0, 1, *_hbm_rows(ap, isz))
     p0, p1 = ap.start_partition, ap.start_partition + ap.partitions
-    (outer_stride, outer_count), inner = ap.dims[0], ap.dims[1:]
-    if inner and outer_stride > 0:
+    if len(ap.dims) > 1 and ap.dims[0][0] > 0:
+        (outer_stride, outer_count), inner = ap.dims[0], ap.dims[1:]
         lo = sum(min(0, st * (c - 1)) for st, c in inner)
         hi = sum(max(0, st * (c - 1)) for st, c in inner)
         return ((ap.mem,), p0, p1, *_rows(ap.offset + lo * isz, outer_stride * isz, outer_count, (hi - lo + 1) * isz))
@@ -399,19 +405,31 @@ def footprints_overlap(a, b) -> bool:
     return k_min <= k_max
 
 
+def footprint_columns(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """footprints_overlap over columns: a and b are [4, n] arrays of (first byte, end byte, row stride, row width)
+    of footprints whose boxes intersect (the verifier's race candidates; tests hold it to footprints_overlap)."""
+    a0, a1, sa, wa = a
+    b0, b1, sb, wb = b
+    one_a, one_b = np.maximum(sa, 1), np.maximum(sb, 1)   # strides where they divide (unused where 0)
+    na, nb = (a1 - a0 - wa) // one_a + 1, (b1 - b0 - wb) // one_b + 1
+
+    def some_row_meets(s, w, n, lo, hi):
+        return np.maximum(0, (lo - w) // s + 1) <= np.minimum(n - 1, -((-hi) // s) - 1)
+
+    d = b0 - a0
+    same_rows = np.maximum(-(nb - 1), (d - wa) // one_a + 1) <= np.minimum(na - 1, -((-(d + wb)) // one_a) - 1)
+    return np.where((sa == 0) & (sb == 0), True,
+                    np.where(sb == 0, some_row_meets(one_a, wa, na, b0 - a0, b1 - a0),
+                             np.where(sa == 0, some_row_meets(one_b, wb, nb, a0 - b0, a1 - b0),
+                                      (sa != sb) | same_rows)))
+
+
 class _ExactTest:
     """The exact overlap test of two accesses, caching the byte addresses of each AP (loops reuse them)."""
 
     def __init__(self, acc: _Accesses):
         self.acc = acc
         self.cache: dict[AP, np.ndarray | None] = {}
-        self.footprints: dict[int, tuple] = {}   # by access id: an access meets many others
-
-    def _footprint(self, g: int) -> tuple:
-        found = self.footprints.get(g)
-        if found is None:
-            found = self.footprints[g] = footprint(self.acc.operands[g][1])
-        return found
 
     def _bytes(self, g: int) -> np.ndarray | None:
         ap = self.acc.operands[g][1]
@@ -420,9 +438,6 @@ class _ExactTest:
         return self.cache[ap]
 
     def race(self, program: Program, ordering: Ordering, ga: int, gb: int, describe) -> Problem | None:
-        ap_a, ap_b = self.acc.operands[ga][1], self.acc.operands[gb][1]
-        if ap_a.tensor != ap_b.tensor or not footprints_overlap(self._footprint(ga), self._footprint(gb)):
-            return None   # other tensors, or disjoint rows (e.g. two column tiles of one matrix)
         bytes_a, bytes_b = self._bytes(ga), self._bytes(gb)
         if bytes_a is None or bytes_b is None:
             lo, hi = max(self.acc.blo[ga], self.acc.blo[gb]), min(self.acc.bhi[ga], self.acc.bhi[gb])

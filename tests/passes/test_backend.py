@@ -140,3 +140,25 @@ def test_transposed_stores_of_other_columns_are_apart():
     assert not races.footprints_overlap(first, second)
     rows = races.footprint(AP(Mem.HBM, DType.FP32, 21, ((1, 768),), 0, tensor=0, partition_stride=768))
     assert races.footprints_overlap(rows, first) and races.footprints_overlap(rows, second)
+
+
+def test_the_verifiers_column_form_of_footprints_overlap_agrees_with_the_schedulers():
+    """isa/races.py states the rows test twice: scalar for the scheduler, over columns for the race check."""
+    from trnc.isa.ap import AP, Mem
+    rng = np.random.default_rng(8)
+    pairs = []
+    for _ in range(3000):
+        fp = []
+        for _ in range(2):
+            dims = tuple((int(rng.integers(-3, 40)), int(rng.integers(1, 6))) for _ in range(int(rng.integers(0, 3))))
+            if rng.random() < 0.5:
+                ap = AP(Mem.HBM, DType.FP32, int(rng.integers(1, 6)), dims, int(rng.integers(40, 80)) * 4, tensor=0,
+                        partition_stride=int(rng.integers(0, 50)))
+            else:
+                ap = AP(Mem.SBUF, DType.BF16, 2, dims, int(rng.integers(100, 200)) * 2)
+            fp.append(races.footprint(ap)[3:])
+        pairs.append(fp)
+    scalar = [races.footprints_overlap((None, 0, 1, *a), (None, 0, 1, *b)) for a, b in pairs]
+    columns = races.footprint_columns(np.array([a for a, _ in pairs]).T, np.array([b for _, b in pairs]).T)
+    assert columns.tolist() == scalar
+    assert 100 < sum(scalar) < len(scalar) - 100   # both answers occur
