@@ -18,9 +18,23 @@ def _fold_into(kb: KernelBuilder, acc, op: int, x, first) -> None:
     b.store(b.select(first, x, values.fold(kb, op, b.load(acc), x)), acc)
 
 
+FOLD_LANES = 16   # partitions folded side by side: independent chains, each in its own order
+
+
 @lowering("tensor_reduce", statics=("op", "axes"))
 def tensor_reduce(kb: KernelBuilder, sig: KernelSig) -> None:
-    """For each kept index (row-major over the kept dims) fold the reduced dims' elements in row-major order."""
+    """For each kept index (row-major over the kept dims) fold the reduced dims' elements in row-major order;
+    FOLD_LANES partitions at a time, so one fold's latency serves them all."""
+    dst = sig.layout("dst")
+    lanes = min(FOLD_LANES, dst.partitions)
+    blocks, rest = divmod(dst.partitions, lanes)
+    _fold_blocks(kb, sig, lanes, blocks, 0)
+    if rest:
+        _fold_blocks(kb, sig, 1, rest, blocks * lanes)
+
+
+def _fold_blocks(kb: KernelBuilder, sig: KernelSig, lanes: int, count: int, first: int) -> None:
+    """`count` blocks of `lanes` partitions from partition `first`, each block's folds side by side."""
     dst, src = sig.layout("dst"), sig.layout("src")
     axes = sig.static("axes")
     kept = tuple(d for j, d in enumerate(src.dims) if not axes >> j & 1)
@@ -29,16 +43,20 @@ def tensor_reduce(kb: KernelBuilder, sig: KernelSig) -> None:
     reduced_size = src.free_size // kept_size
     dbase, sbase = kb.base("dst"), kb.base("src")
     b = kb.b
-    acc = kb.alloca(F32, name="acc")
-    with kb.loop(dst.partitions, "p") as p:
-        starts = partition_starts(kb, p, [dst, src])
+    accs = [kb.alloca(F32, name=f"acc{k}") for k in range(lanes)]
+    with kb.loop(count, "block") as block:
+        starts = partition_starts(kb, kb.add(kb.mul(block, lanes), i64(first)), [dst, src])
         with kb.elements([stream(dst), Stream(0, kept)], starts, kept_size) as (doff, soff):
-            b.store(values.f32(kb, 0.0), acc)
+            for acc in accs:
+                b.store(values.f32(kb, 0.0), acc)
             inner = [Stream(0, reduced), flat_stream((reduced_size,))]
             with kb.elements(inner, [soff, i64(0)], reduced_size) as (xoff, j):
-                x = values.load_f32(kb, sbase, xoff, src.dtype)
-                _fold_into(kb, acc, sig.static("op"), x, b.icmp_unsigned("==", j, i64(0)))
-            values.store_f32(kb, b.load(acc), dbase, doff, dst.dtype)
+                first_element = b.icmp_unsigned("==", j, i64(0))
+                for k, acc in enumerate(accs):
+                    x = values.load_f32(kb, sbase, kb.add(xoff, i64(k * src.pstride)), src.dtype)
+                    _fold_into(kb, acc, sig.static("op"), x, first_element)
+            for k, acc in enumerate(accs):
+                values.store_f32(kb, b.load(acc), dbase, kb.add(doff, i64(k * dst.pstride)), dst.dtype)
 
 
 @lowering("partition_reduce", statics=("op",))

@@ -41,40 +41,64 @@ def _per_partition(kb: KernelBuilder, sig: KernelSig, name: str, p, immediate: i
     return values.load_f32(kb, kb.base(name), kb.mul(p, lay.pstride), lay.dtype)
 
 
-ACCUM_BUFFER = 16384   # most fp32 values of y a partition keeps on the stack (64 KiB) for accum's second loop
+ACCUM_BUFFER = 16384   # most fp32 values of y a block of partitions keeps on the stack (64 KiB) for accum's sums
+FOLD_LANES = 16        # partitions whose sums run side by side: independent chains, each in its own order
 
 
 @lowering("activation", statics=("func",), dynamics=lambda ins: (f32_word(ins["scale"]), f32_word(ins["bias"])))
 def activation(kb: KernelBuilder, sig: KernelSig) -> None:
     """y = func(fp32(fp32(x * scale) + bias)); dst = convert(y); accum[p] = fp32 sum of y from +0.0 in order.
 
-    The sum's order allows no vectorization, and in the same loop it would keep the function's code scalar
-    too; so, up to ACCUM_BUFFER elements a partition, y also goes to a stack buffer that a second loop sums.
+    The sum's order allows no vectorization along a partition, and in the same loop it would keep the function's
+    code scalar too; so, up to ACCUM_BUFFER elements a block of partitions, y also goes to a stack buffer that a
+    second loop sums, the block's partitions side by side (one add latency then serves FOLD_LANES sums).
     """
+    dst, accum = sig.layout("dst"), sig.layout("accum")
+    lanes = max(1, min(FOLD_LANES, dst.partitions, ACCUM_BUFFER // dst.free_size)) if accum is not None else 1
+    blocks, rest = divmod(dst.partitions, lanes)
+    ys = kb.alloca(F32, lanes * dst.free_size, name="ys") \
+        if accum is not None and dst.free_size <= ACCUM_BUFFER else None
+    _activation_blocks(kb, sig, lanes, blocks, 0, ys)
+    if rest:
+        _activation_blocks(kb, sig, 1, rest, blocks * lanes, ys)
+
+
+def _activation_blocks(kb: KernelBuilder, sig: KernelSig, lanes: int, count: int, first: int, ys) -> None:
+    """`count` blocks of `lanes` partitions from partition `first`: y of each partition, then the block's sums."""
     dst, src, accum = sig.layout("dst"), sig.layout("src"), sig.layout("accum")
     dbase, sbase = kb.base("dst"), kb.base("src")
     b = kb.b
+    size = dst.free_size
     acc = kb.alloca(F32, name="acc")
-    ys = kb.alloca(F32, dst.free_size, name="ys") if accum is not None and dst.free_size <= ACCUM_BUFFER else None
     streams = [stream(dst), stream(src)] + ([flat_stream(dst.counts)] if ys is not None else [])
-    with kb.loop(dst.partitions, "p") as p:
-        scale = _per_partition(kb, sig, "scale_ap", p, 0)
-        bias = _per_partition(kb, sig, "bias_ap", p, 1)
-        b.store(ir.Constant(F32, 0.0), acc)
-        starts = partition_starts(kb, p, [dst, src]) + ([i64(0)] if ys is not None else [])
-        with kb.elements(streams, starts, dst.free_size) as offs:
-            x = values.load_f32(kb, sbase, offs[1], src.dtype)
-            y = values.activation(kb, sig.static("func"), values.add(kb, values.mul(kb, x, scale), bias))
-            values.store_f32(kb, y, dbase, offs[0], dst.dtype)
-            if ys is not None:
-                b.store(y, b.gep(ys, [offs[2]], inbounds=True))
-            elif accum is not None:
-                b.store(values.add(kb, b.load(acc), y), acc)
+    with kb.loop(count, "block") as block:
+        with kb.loop(lanes, "lane") as lane:
+            p = kb.add(kb.add(kb.mul(block, lanes), lane), i64(first))
+            scale = _per_partition(kb, sig, "scale_ap", p, 0)
+            bias = _per_partition(kb, sig, "bias_ap", p, 1)
+            b.store(ir.Constant(F32, 0.0), acc)
+            starts = partition_starts(kb, p, [dst, src]) + ([kb.mul(lane, size)] if ys is not None else [])
+            with kb.elements(streams, starts, size) as offs:
+                x = values.load_f32(kb, sbase, offs[1], src.dtype)
+                y = values.activation(kb, sig.static("func"), values.add(kb, values.mul(kb, x, scale), bias))
+                values.store_f32(kb, y, dbase, offs[0], dst.dtype)
+                if ys is not None:
+                    b.store(y, b.gep(ys, [offs[2]], inbounds=True))
+                elif accum is not None:
+                    b.store(values.add(kb, b.load(acc), y), acc)
+            if accum is not None and ys is None:
+                values.store_f32(kb, b.load(acc), kb.base("accum"), kb.mul(p, accum.pstride), accum.dtype)
         if ys is not None:
-            with kb.loop(dst.free_size, "sum") as e:
-                b.store(values.add(kb, b.load(acc), b.load(b.gep(ys, [e], inbounds=True))), acc)
-        if accum is not None:
-            values.store_f32(kb, b.load(acc), kb.base("accum"), kb.mul(p, accum.pstride), accum.dtype)
+            sums = [kb.alloca(F32, name=f"sum{k}") for k in range(lanes)]
+            for total in sums:
+                b.store(ir.Constant(F32, 0.0), total)
+            with kb.loop(size, "sum") as e:
+                for k, total in enumerate(sums):
+                    y = b.load(b.gep(ys, [kb.add(e, i64(k * size))], inbounds=True))
+                    b.store(values.add(kb, b.load(total), y), total)
+            for k, total in enumerate(sums):
+                p = kb.add(kb.mul(block, lanes), i64(first + k))
+                values.store_f32(kb, b.load(total), kb.base("accum"), kb.mul(p, accum.pstride), accum.dtype)
 
 
 @lowering("tensor_tensor", statics=("op",))

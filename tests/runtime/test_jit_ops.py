@@ -272,3 +272,25 @@ def test_transposing_copies_move_partitions_in_blocks_and_match_the_reference(ca
     dst, src = TRANSPOSING_COPIES[case]
     assert partition_block(layout_of(dst, HW), layout_of(src, HW)) > 1   # the blocked loop is what runs
     check_against_reference(Instruction.make("dma_copy", Engine.DMA, dst=dst, src=src), 300 + case)
+
+
+FOLDS = [   # partition counts around the fold blocks (runtime/jit FOLD_LANES = 16): whole blocks, a rest, only a rest
+    Instruction.make("tensor_reduce", Engine.DVE, dst=AP(Mem.SBUF, DType.FP32, 37, ((1, 3),), offset=8192),
+                     src=AP(Mem.SBUF, DType.BF16, 37, ((1, 3), (3, 50)), offset=1024), op=ReduceOp.SUM, axes=0b10),
+    Instruction.make("tensor_reduce", Engine.DVE, dst=AP(Mem.SBUF, DType.FP32, 128, ((1, 1),), offset=8192),
+                     src=AP(Mem.SBUF, DType.FP32, 128, ((1, 300),), offset=0), op=ReduceOp.MAX, axes=0b1),
+    Instruction.make("tensor_reduce", Engine.DVE, dst=AP(Mem.SBUF, DType.FP32, 7, ((1, 1),), offset=8192),
+                     src=AP(Mem.SBUF, DType.FP32, 7, ((1, 300),), offset=0), op=ReduceOp.SUM, axes=0b1),
+    Instruction.make("activation", Engine.ACT, dst=AP(Mem.SBUF, DType.BF16, 37, ((1, 300),), offset=4096),
+                     src=AP(Mem.SBUF, DType.FP32, 37, ((1, 300),), offset=0), func=ActFunc.EXP,
+                     accum=AP(Mem.SBUF, DType.FP32, 37, ((1, 1),), offset=8192)),
+    Instruction.make("activation", Engine.ACT, dst=AP(Mem.SBUF, DType.FP32, 128, ((1, 1200),), offset=0),
+                     src=AP(Mem.SBUF, DType.FP32, 128, ((1, 1200),), offset=0), func=ActFunc.SQUARE,
+                     accum=AP(Mem.SBUF, DType.FP32, 128, ((1, 1),), offset=8192)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(FOLDS)))
+def test_folds_run_partitions_side_by_side_and_keep_each_ones_order(case):
+    """Sums of random fp32 values depend on their order: any change of a partition's order shows in the bits."""
+    check_against_reference(FOLDS[case], 400 + case)
