@@ -9,12 +9,14 @@ after a warm-up. Ratio = trnc / eager (lower is faster; the goal is <= 1.0 in fp
 Load path, per model: `trnc.runtime.jit.executor.load` of the compiled program with its kernels already in
 the cache, with the verifier (`verified=False`, as for a program from a file) and without it (as for the
 compiler's own output), in microseconds per instruction (goal: together at most 3 us on a 100k-instruction
-program).
+program). `--load-at-scale` adds that program: BERT-large (24 layers, hidden 1024) at seq 512, 95k
+instructions, compiled once (about 75 s) for the load figures only.
 
 Models (random weights, no downloads): GPT-2 (4 layers, hidden 512, 8 heads, seq 256), BERT-base (12 layers,
-seq 128), a Llama-style decoder (one layer, hidden 1024, 16 heads of which 4 key-value, MLP 2816, seq 256).
+seq 128), a Llama-style decoder (one layer, hidden 1024, 16 heads of which 4 key-value, MLP 2816, seq 256),
+torchvision's ResNet-50 at 1x3x224x224.
 
-Run: python benchmarks/bench_host.py [--quick] [--models gpt2,bert,llama] [--rounds R]
+Run: python benchmarks/bench_host.py [--quick] [--models gpt2,bert,llama,resnet50] [--rounds R] [--load-at-scale]
 """
 from __future__ import annotations
 
@@ -55,7 +57,18 @@ def llama():
     return LlamaModel(config).eval(), (torch.randint(0, 8192, (1, 256)),)
 
 
-MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama}
+def resnet50():
+    return torchvision().models.resnet50(weights=None).eval(), (torch.randn(1, 3, 224, 224),)
+
+
+def bert_large():
+    from transformers import BertConfig, BertModel
+    config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                        attn_implementation="sdpa")
+    return BertModel(config).eval(), (torch.ones(1, 512, dtype=torch.long),)
+
+
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "resnet50": resnet50}
 PRECISIONS = {"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16", "auto_cast": "all"}}
 
 
@@ -94,11 +107,23 @@ def bench_model(name: str, rounds: int) -> list[str]:
             got, eager = best_of(rounds, run_trnc, run_eager)
             rows.append(f"| {name} | {precision} | {n} | {threads} | {got * 1e3:.1f} | {eager * 1e3:.1f} | "
                         f"{got / eager:.2f}x |")
-        verify_load, load = best_of(max(1, rounds // 3), lambda: executor.load(program),
-                                    lambda: executor.load(program, verified=True))
-        rows.append(f"| {name} | {precision} | {n} | load | verify + load {verify_load / n * 1e6:.1f} us/instr | "
-                    f"load {load / n * 1e6:.1f} us/instr | |")
+        rows.append(load_row(name, precision, program, max(1, rounds // 3)))
     return rows
+
+
+def load_row(name: str, precision: str, program, rounds: int) -> str:
+    n = len(program.instructions)
+    verify_load, load = best_of(rounds, lambda: executor.load(program), lambda: executor.load(program, verified=True))
+    return (f"| {name} | {precision} | {n} | load | verify + load {verify_load / n * 1e6:.1f} us/instr | "
+            f"load {load / n * 1e6:.1f} us/instr | |")
+
+
+def load_at_scale() -> str:
+    torch.manual_seed(0)
+    model, inputs = bert_large()
+    with torch.no_grad():
+        program = trnc.compile(model, inputs, precision="fp32").program
+    return load_row("bert-large seq 512", "fp32", program, 1)
 
 
 def main() -> None:
@@ -106,6 +131,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="GPT-2 only, 3 rounds")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--load-at-scale", action="store_true", help="the load path on a 95k-instruction program")
     args = parser.parse_args()
     names = ["gpt2"] if args.quick else [m for m in args.models.split(",") if m]
     rounds = 3 if args.quick else args.rounds
@@ -116,6 +142,8 @@ def main() -> None:
     for name in names:
         for row in bench_model(name, rounds):
             print(row, flush=True)
+    if args.load_at_scale:
+        print(load_at_scale(), flush=True)
 
 
 if __name__ == "__main__":

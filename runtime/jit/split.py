@@ -6,7 +6,8 @@ waits for all of them before the queue moves on). A piece is the instruction res
 outputs, and each output element is computed from the same inputs in the same order whatever the other
 elements do, so the pieces together write exactly the whole's bits:
 
-- matmul (not double_row), by output columns: a piece is a matmul of moving's and dst's columns [n0, n1).
+- matmul (not double_row), by output columns: a piece is a matmul of moving's and dst's columns [n0, n1),
+  cut along moving's outer free dim (a convolution's window rows: moving [K, rows, row]).
   Each dst[m, n] accumulates over the same k in the same order (the spec's loop is per (m, n)).
 - tensor_tensor, tensor_scalar, activation and tensor_copy (round to nearest even), by partitions: a piece
   is the instruction on partitions [p0, p1) of every operand, per-partition ones included. Their
@@ -26,7 +27,7 @@ from trnc.isa.program import Instruction
 
 MIN_MATMUL_MACS = 1 << 19      # K * M * N below which a matmul is not worth a second worker
 MIN_ELEMENTS = 1 << 14         # elements of an elementwise instruction below which it stays whole
-COLUMN_QUANTUM = 16            # matmul pieces start at multiples of the kernel's column block
+COLUMN_QUANTUM = 16            # pieces of a one-row matmul start at multiples of the kernel's column block
 ROW_SPLIT = frozenset({"tensor_tensor", "tensor_scalar", "activation", "tensor_copy"})
 
 
@@ -45,18 +46,19 @@ def _ranges(total: int, count: int, quantum: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, total)) for lo in range(0, total, size)]
 
 
-def _columns(ap: AP, lo: int, hi: int) -> AP:
-    (stride, _), = ap.dims
-    return replace(ap, dims=((stride, hi - lo),), offset=ap.offset + stride * lo * ap.dtype.itemsize)
+def _outer(ap: AP, lo: int, hi: int) -> AP:
+    """The AP restricted to indices [lo, hi) of its outer free dim."""
+    (stride, _), *inner = ap.dims
+    return replace(ap, dims=((stride, hi - lo), *inner), offset=ap.offset + stride * lo * ap.dtype.itemsize)
 
 
 def _by_columns(ins: Instruction, count: int) -> tuple[Instruction, ...]:
     st, mv, dst = ins["stationary"], ins["moving"], ins["dst"]
-    n = mv.free_size
-    if len(mv.dims) != 1 or len(dst.dims) != 1 or st.partitions * st.free_size * n < MIN_MATMUL_MACS:
+    if not mv.dims or len(dst.dims) != 1 or st.partitions * st.free_size * mv.free_size < MIN_MATMUL_MACS:
         return (ins,)
-    spans = _ranges(n, count, COLUMN_QUANTUM)
-    return tuple(_with(ins, moving=_columns(mv, lo, hi), dst=_columns(dst, lo, hi)) for lo, hi in spans) \
+    row = mv.free_size // mv.dims[0][1]   # columns per index of moving's outer dim (1: moving is one row)
+    spans = _ranges(mv.dims[0][1], count, COLUMN_QUANTUM if row == 1 else 1)
+    return tuple(_with(ins, moving=_outer(mv, lo, hi), dst=_outer(dst, lo * row, hi * row)) for lo, hi in spans) \
         if len(spans) > 1 else (ins,)
 
 

@@ -289,6 +289,31 @@ def test_big_instructions_run_as_pieces_with_the_bits_of_the_whole():
         assert schedule.split and len(table.pieces[2]) == threads   # the first matmul, one piece per worker
 
 
+def test_a_convolutions_matmul_splits_along_its_window_rows_with_the_bits_of_the_whole():
+    """moving [K, 14 rows of 14] read from a padded [16, 16] image (stride 16 between rows): pieces of whole rows."""
+    tensors = (TensorDecl("w", TensorKind.INPUT, F32, (128, 128)), TensorDecl("x", TensorKind.INPUT, F32, (128, 256)),
+               TensorDecl("y", TensorKind.OUTPUT, F32, (128, 196)))
+    w, x = onchip(F32, (128, 128)), onchip(F32, (128, 256), offset=512)
+    window = AP(Mem.SBUF, F32, 128, ((16, 14), (1, 14)), offset=512 + 4 * 17)
+    psum, y = onchip(F32, (128, 196), mem=Mem.PSUM), onchip(F32, (128, 196), offset=2048)
+    program = Program(tensors, (
+        Instruction.make("dma_copy", Engine.DMA, dst=w, src=hbm(0, F32, (128, 128)), signals=(0,)),
+        Instruction.make("dma_copy", Engine.DMA, queue=1, dst=x, src=hbm(1, F32, (128, 256)), signals=(1,)),
+        Instruction.make("matmul", Engine.PE, dst=psum, stationary=w, moving=window, waits=((0, 1), (1, 1)),
+                         signals=(2,)),
+        Instruction.make("tensor_copy", Engine.DVE, dst=y, src=psum, waits=((2, 1),), signals=(3,)),
+        Instruction.make("dma_copy", Engine.DMA, queue=2, dst=hbm(2, F32, (128, 196)), src=y, waits=((3, 1),))))
+    parts = split.pieces(program.instructions[2], 3)
+    assert [p["moving"].dims for p in parts] == [((16, 5), (1, 14)), ((16, 5), (1, 14)), ((16, 4), (1, 14))]
+    assert [(p["dst"].offset, p["dst"].free_size) for p in parts] == [(0, 70), (280, 70), (560, 56)]
+    rng = np.random.default_rng(1)
+    inputs = {"w": rng.standard_normal((128, 128)).astype(np.float32),
+              "x": rng.standard_normal((128, 256)).astype(np.float32)}
+    want = reference.run(program, inputs)
+    for threads in (*THREADS, 3):
+        assert_same_outputs(run_at(threads, program, inputs), want, program)
+
+
 @pytest.mark.parametrize("opcode", ["matmul", "activation"])
 def test_pieces_cover_the_whole_instruction_once(opcode):
     ins = next(i for i in _big_matmul_and_activation().instructions if i.opcode == opcode)
