@@ -24,8 +24,9 @@ the copy.
 
 A JitProgram keeps its SBUF, PSUM and scratch buffers from one run to the next and clears them before each
 (on chip, only the bytes of each partition its instructions reach): fresh buffers cost a page fault per
-page touched, about 40 ms of GPT-2's 100 ms run. A run that finds them in use by another thread's run takes
-fresh ones.
+page touched, about 40 ms of GPT-2's 100 ms run. The price is memory held while the program lives: its
+scratch tensors and the reached part of SBUF and PSUM. A run that finds them in use by another thread's run
+takes fresh ones.
 """
 from __future__ import annotations
 
@@ -286,23 +287,26 @@ class JitProgram:
         return outputs
 
     def _cleared(self, fill: int, keep: bool) -> tuple[np.ndarray, ...]:
-        """SBUF and PSUM filled with `fill`, and zeroed scratch tensors: the kept ones, cleared where a run reaches
-        (with `keep`), else new ones."""
+        """SBUF and PSUM filled with `fill` and zeroed scratch tensors: the kept ones (with `keep`), else new ones.
+        On chip only the bytes a run reaches are written, so the pages past them are never touched (not
+        resident) in a new buffer, and a kept one is cleared there only."""
         hw = self.hw
-        if keep and self._kept is not None:
-            sbuf, psum, *scratch = self._kept
-            sbuf[:, :self._reached[Mem.SBUF]] = fill
-            psum[:, :self._reached[Mem.PSUM]] = fill
-            for array in scratch:
+        new = not (keep and self._kept is not None)
+        if new:
+            buffers = (np.zeros((hw.partitions, hw.sbuf_bytes_per_partition), dtype=np.uint8),
+                       np.zeros((hw.partitions, hw.psum_bytes_per_partition), dtype=np.uint8),
+                       *[np.zeros(decl.shape, dtype=decl.dtype.storage) for decl in self.program.tensors
+                         if decl.kind is TensorKind.SCRATCH])
+            if keep:
+                self._kept = buffers
+        else:
+            buffers = self._kept
+            for array in buffers[2:]:
                 array.fill(0)
-            return self._kept
-        fresh = (np.full((hw.partitions, hw.sbuf_bytes_per_partition), fill, dtype=np.uint8),
-                 np.full((hw.partitions, hw.psum_bytes_per_partition), fill, dtype=np.uint8),
-                 *[np.zeros(decl.shape, dtype=decl.dtype.storage) for decl in self.program.tensors
-                   if decl.kind is TensorKind.SCRATCH])
-        if keep:
-            self._kept = fresh
-        return fresh
+        if fill or not new:
+            buffers[0][:, :self._reached[Mem.SBUF]] = fill
+            buffers[1][:, :self._reached[Mem.PSUM]] = fill
+        return buffers
 
     def execute(self, sbuf: np.ndarray, psum: np.ndarray, hbm: list[np.ndarray]) -> None:
         """Run on the given memories, in place: SBUF and PSUM uint8 [partitions, bytes per partition], and one

@@ -31,8 +31,8 @@ reports, once, whatever the thread count.
 from __future__ import annotations
 
 import ctypes
-import threading
 import heapq
+import threading
 from collections.abc import Sequence
 
 import llvmlite.binding as llvm
