@@ -565,7 +565,7 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
                 seen = key in passed
             except (TypeError, AttributeError):   # unhashable or ill-typed fields: an ill-formed instruction
                 key, seen = None, False
-            if seen and not any(True for _ in _place_problems(ctx, ins)):
+            if seen and next(_place_problems(ctx, ins), None) is None:
                 problems, ok = [], True
             else:
                 problems, ok = _instruction(ctx, ins)
