@@ -91,6 +91,8 @@ class ActFunc(TextEnum):
     SIGN = 34       # 1, -1, or +0 for +-0 and NaN
     ERFINV = 35
     ERFCX = 36      # e^(x^2) erfc(x)
+    I0E = 37        # e^-|x| I0(x), the exponentially scaled modified Bessel function of order 0
+    I1E = 38        # e^-|x| I1(x), order 1
 
 
 class ReduceOp(TextEnum):

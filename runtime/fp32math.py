@@ -211,6 +211,8 @@ ACT_FUNCS: dict[ActFunc, Callable] = {
     ActFunc.SIGN: fp32round.sign,
     ActFunc.ERFINV: fp32special.erfinv,
     ActFunc.ERFCX: fp32special.erfcx,
+    ActFunc.I0E: fp32special.i0e,
+    ActFunc.I1E: fp32special.i1e,
 }
 
 ALU_OPS: dict[AluOp, Callable] = {

@@ -27,7 +27,7 @@ UNARY = {
     "acosh": (torch.acosh, 2.1), "atanh": (torch.atanh, 1.9), "erf": (torch.erf, 1.3),
     "erfc": (torch.erfc, 3.0), "erfinv": (torch.erfinv, 2.5),
     "erfcx": (torch.special.erfcx, 2.5), "exp2": (torch.exp2, 1.0), "log2": (torch.log2, 0.8),
-    "log10": (torch.log10, 0.8),
+    "log10": (torch.log10, 0.8), "i0e": (torch.special.i0e, 2.6), "i1e": (torch.special.i1e, 3.1),
 }
 EXACT = {
     "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "round": torch.round,
@@ -96,6 +96,17 @@ def test_functions_within_their_stated_ulps_of_float64():
     got = compiled([f for f, _ in UNARY.values()], x)(x)
     for (name, (fn, ulps)), g in zip(UNARY.items(), got):
         check_ulps(name, g, fn(x), fn(x.double()), x, ulps)
+
+
+def test_modified_bessel_functions_within_the_scaled_ones_and_two_exps():
+    """I0 and I1 as e^(a/2) (e^(a/2) f(x)), a = |x|, f = i0e or i1e: f's error (2.6 or 3.1 ulp), exp's 1 ulp twice
+    and two product roundings: 6.1 ulps. Finite past e^a's overflow (eager's float I0 is Inf from x = 88.7 on),
+    NaN at +-Inf as eager."""
+    x = values(1606)
+    fns = [torch.i0, torch.special.i1, torch.special.modified_bessel_i0, torch.special.modified_bessel_i1]
+    got = compiled(fns, x)(x)
+    for fn, g in zip(fns, got):
+        check_ulps(fn.__name__, g, fn(x), fn(x.double()), x, 6.1)
 
 
 def test_rounding_sign_and_classification_equal_eager_bit_for_bit():

@@ -56,6 +56,8 @@ UNARY = {
     "log2": torch.log2, "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc,
     "rint": torch.round, "sign": torch.sign, "erfinv": torch.erfinv,
     "erfcx": torch.special.erfcx,
+    "i0e": torch.special.i0e,
+    "i1e": torch.special.i1e,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

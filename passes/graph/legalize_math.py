@@ -55,6 +55,8 @@ def _rounding(func: str):
 for _name, _f in FUNCS.items():
     pm_legalize[f"aten.{_name}.default"] = _func(_f)
 pm_legalize["aten.special_erfcx.default"] = _func("erfcx")
+pm_legalize["aten.special_i0e.default"] = _func("i0e")
+pm_legalize["aten.special_i1e.default"] = _func("i1e")
 for _name, _f in ROUNDING.items():
     pm_legalize[f"aten.{_name}.default"] = _rounding(_f)
 for _name, _f in SIGN.items():
@@ -240,6 +242,22 @@ def _ndtr(rw: Rewriter, n, a):
     """The normal CDF as torch's kernel: erfc(-x sqrt(1/2)) / 2."""
     _float_input(rw, n, "ndtr")
     return rw.scalar(rw.unary(rw.scalar(a["input"], "mul", -math.sqrt(0.5), dtype=FP32), "erfc", FP32), "mul", 0.5)
+
+
+def _unscaled_bessel(func: str):
+    """I0 and I1 from the scaled functions: e^(a/2) (e^(a/2) f(x)), a = |x| (finite up to where I0 and I1 are, past
+    e^a's overflow at 88.7; NaN at +-Inf as torch): f's error plus two exp errors and two roundings."""
+    def lower(rw: Rewriter, n, a):
+        _float_input(rw, n, func)
+        x = a["input"]
+        half = rw.unary(rw.scalar(rw.unary(x, "abs", FP32), "mul", 0.5, dtype=FP32), "exp", FP32)
+        return rw.binary("mul", half, rw.binary("mul", half, rw.unary(x, func, FP32), FP32))
+    return lower
+
+
+for _name, _f in (("i0", "i0e"), ("special_modified_bessel_i0", "i0e"), ("special_i1", "i1e"),
+                  ("special_modified_bessel_i1", "i1e")):
+    pm_legalize[f"aten.{_name}.default"] = _unscaled_bessel(_f)
 
 
 @rule("aten.logaddexp2.default")

@@ -112,9 +112,13 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     "exp2": (1, ("torch.exp2({0})", "2 ** {0}")),
     "log2": (1, ("torch.log2({0})", "{0}.log2()")),
     "log10": (1, ("torch.log10({0})",)),
+    "i0e": (3, ("torch.special.i0e({0})",)),
+    "i1e": (4, ("torch.special.i1e({0})",)),
+    "i0": (7, ("torch.i0({0})", "torch.special.i0({0})", "torch.special.modified_bessel_i0({0})")),
+    "i1": (7, ("torch.special.i1({0})", "torch.special.modified_bessel_i1({0})")),
 }
 # a flat piece, and growths (or decays) that outrun a linear bound (reference.py)
-MAGNIFIED_UNARY = ("relu", "exp", "exp2", "sinh", "cosh", "erfc")
+MAGNIFIED_UNARY = ("relu", "exp", "exp2", "sinh", "cosh", "erfc", "i0", "i1")
 for _name, (_ulps, _spellings) in UNARY.items():
     _magnified = _name in MAGNIFIED_UNARY
     OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps), magnified=lambda a, m=_magnified: m)

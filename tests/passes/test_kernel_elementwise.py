@@ -83,6 +83,8 @@ TORCH_UNARY = {
     "log10": torch.log10, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
     "sign": torch.sign, "erfinv": torch.erfinv,
     "erfcx": torch.special.erfcx,
+    "i0e": torch.special.i0e,
+    "i1e": torch.special.i1e,
 }
 DOMAIN = {"log": np.abs, "sqrt": np.abs, "rsqrt": np.abs, "log2": np.abs, "log10": np.abs,   # then + 0.01
           "acosh": lambda v: np.abs(v) + 0.99, "asin": np.tanh, "acos": np.tanh, "atanh": np.tanh,

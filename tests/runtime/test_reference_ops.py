@@ -340,6 +340,7 @@ FLOAT64 = {
     ActFunc.LOG10: (torch.log10, 0.8), ActFunc.FLOOR: (torch.floor, 0), ActFunc.CEIL: (torch.ceil, 0),
     ActFunc.TRUNC: (torch.trunc, 0), ActFunc.RINT: (torch.round, 0), ActFunc.SIGN: (torch.sign, 0),
     ActFunc.ERFINV: (torch.erfinv, 2.5), ActFunc.ERFCX: (torch.special.erfcx, 2.5),
+    ActFunc.I0E: (torch.special.i0e, 2.6), ActFunc.I1E: (torch.special.i1e, 3.1),
 }
 # inputs in each function's domain, from x in [-6, 6]
 DOMAIN = {ActFunc.LOG: lambda x: np.abs(x) + F(2.0**-10), ActFunc.SQRT: lambda x: np.abs(x) + F(2.0**-10),
