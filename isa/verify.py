@@ -554,9 +554,8 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     """
     ctx = _Ctx(program, hw if hw is not None else _target(program))
     found, sound = [], []   # violations; the instructions whose operands are well formed
-    # Every rule but the place rules reads only the instruction's form, which most instructions share with
-    # others (a kernel's tiles at other offsets): after one of a form passes every rule, the others of that
-    # form are checked by the place rules alone, and checked whole only when one of those fails.
+    # Once an instruction of a form passes every rule, the others of that form (a kernel's tiles at other
+    # offsets) run only the place rules (place_operand), and every rule when one of those fails.
     passed: set[tuple] = set()
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         for i, ins in enumerate(program.instructions):

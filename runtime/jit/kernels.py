@@ -412,6 +412,13 @@ class KernelBuilder:
         self.b.ret(ir.Constant(I32, code))
 
 
+def partition_blocks(partitions: int, lanes: int) -> list[tuple[int, int, int]]:
+    """(lanes, block count, first partition): whole blocks of `lanes` partitions that a kernel handles side by
+    side, then the rest one partition at a time."""
+    blocks, rest = divmod(partitions, lanes)
+    return [(lanes, blocks, 0)] + ([(1, rest, blocks * lanes)] if rest else [])
+
+
 def partition_starts(kb: KernelBuilder, p: ir.Value, lays: Sequence[Layout]) -> list[ir.Value]:
     """Each layout's byte offset of partition p's element 0."""
     return [kb.mul(p, lay.pstride) for lay in lays]

@@ -17,7 +17,7 @@ from trnc.runtime.convert import from_fp32
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
     FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, KernelBuilder, KernelSig, Layout, Stream, canonical, flat_stream, i64,
-    lowering, partition_starts, stream,
+    lowering, partition_blocks, partition_starts, stream,
 )
 
 
@@ -51,20 +51,16 @@ def _copy(kb: KernelBuilder, sig: KernelSig, rounding: Rounding = Rounding.RNE, 
     dst, src = sig.layout("dst"), sig.layout("src")
     dbase, sbase = kb.base("dst"), kb.base("src")
     streams = [stream(dst), stream(src)] + ([flat_stream(dst.counts)] if seed is not None else [])
-    block = partition_block(dst, src) if seed is None else 1
-    blocks, rest = divmod(dst.partitions, block)
-    with kb.loop(blocks, "pb") as pb:
-        starts = partition_starts(kb, kb.mul(pb, block), [dst, src]) + ([i64(0)] if seed is not None else [])
-        with kb.elements(streams, starts, dst.free_size) as offs:
-            for j in range(block):
-                rand = values.sr_rand(kb, seed, pb, offs[2]) if seed is not None else None
-                move_element(kb, src, sbase, kb.add(offs[1], i64(j * src.pstride)), dst, dbase,
-                             kb.add(offs[0], i64(j * dst.pstride)), rounding, rand)
-    if rest:
-        with kb.loop(rest, "p") as p:
-            p = kb.add(p, i64(blocks * block))
-            with kb.elements(streams[:2], partition_starts(kb, p, [dst, src]), dst.free_size) as offs:
-                move_element(kb, src, sbase, offs[1], dst, dbase, offs[0], rounding)
+    lanes = partition_block(dst, src) if seed is None else 1   # a rounding stream is per partition
+    for lanes, count, first in partition_blocks(dst.partitions, lanes):
+        with kb.loop(count, "block") as block:
+            p = kb.add(kb.mul(block, lanes), i64(first))
+            starts = partition_starts(kb, p, [dst, src]) + ([i64(0)] if seed is not None else [])
+            with kb.elements(streams, starts, dst.free_size) as offs:
+                rand = values.sr_rand(kb, seed, p, offs[2]) if seed is not None else None
+                for k in range(lanes):
+                    move_element(kb, src, sbase, kb.add(offs[1], i64(k * src.pstride)), dst, dbase,
+                                 kb.add(offs[0], i64(k * dst.pstride)), rounding, rand)
 
 
 @lowering("dma_copy")

@@ -8,7 +8,8 @@ from __future__ import annotations
 from trnc.isa.dtypes import MX_BLOCK
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    F32, I32, KernelBuilder, KernelSig, Stream, flat_stream, i64, lowering, partition_starts, stream,
+    F32, I32, KernelBuilder, KernelSig, Stream, flat_stream, i64, lowering, partition_blocks, partition_starts,
+    stream,
 )
 
 
@@ -26,11 +27,8 @@ def tensor_reduce(kb: KernelBuilder, sig: KernelSig) -> None:
     """For each kept index (row-major over the kept dims) fold the reduced dims' elements in row-major order;
     FOLD_LANES partitions at a time, so one fold's latency serves them all."""
     dst = sig.layout("dst")
-    lanes = min(FOLD_LANES, dst.partitions)
-    blocks, rest = divmod(dst.partitions, lanes)
-    _fold_blocks(kb, sig, lanes, blocks, 0)
-    if rest:
-        _fold_blocks(kb, sig, 1, rest, blocks * lanes)
+    for lanes, count, first in partition_blocks(dst.partitions, min(FOLD_LANES, dst.partitions)):
+        _fold_blocks(kb, sig, lanes, count, first)
 
 
 def _fold_blocks(kb: KernelBuilder, sig: KernelSig, lanes: int, count: int, first: int) -> None:

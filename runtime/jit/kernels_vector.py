@@ -16,7 +16,7 @@ from llvmlite import ir
 from trnc.isa.enums import AluOp
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    F32, KernelBuilder, KernelSig, flat_stream, i64, lowering, partition_starts, stream,
+    F32, KernelBuilder, KernelSig, flat_stream, i64, lowering, partition_blocks, partition_starts, stream,
 )
 from trnc.runtime.jit.kernels_move import affine_stream, affine_value
 
@@ -55,12 +55,10 @@ def activation(kb: KernelBuilder, sig: KernelSig) -> None:
     """
     dst, accum = sig.layout("dst"), sig.layout("accum")
     lanes = max(1, min(FOLD_LANES, dst.partitions, ACCUM_BUFFER // dst.free_size)) if accum is not None else 1
-    blocks, rest = divmod(dst.partitions, lanes)
     ys = kb.alloca(F32, lanes * dst.free_size, name="ys") \
         if accum is not None and dst.free_size <= ACCUM_BUFFER else None
-    _activation_blocks(kb, sig, lanes, blocks, 0, ys)
-    if rest:
-        _activation_blocks(kb, sig, 1, rest, blocks * lanes, ys)
+    for width, count, first in partition_blocks(dst.partitions, lanes):
+        _activation_blocks(kb, sig, width, count, first, ys)
 
 
 def _activation_blocks(kb: KernelBuilder, sig: KernelSig, lanes: int, count: int, first: int, ys) -> None:
