@@ -29,7 +29,7 @@ declarations and the instructions; nothing may follow the last instruction.
 | name | length | u16 | bytes of text |
 | name | text | length bytes | UTF-8: a letter or `_`, then letters, digits, `_` or `.` |
 | tensor | name | name | unique; `sbuf` and `psum` are reserved |
-| tensor | kind | u8 | TensorKind: 0 input, 1 output, 2 const, 3 scratch |
+| tensor | kind | u8 | TensorKind: 0 input, 1 output, 2 const, 3 scratch, 4 seed |
 | tensor | dtype | u8 | DType code |
 | tensor | rank | u8 | number of dimensions |
 | tensor | shape | rank x u64 | sizes, outermost first |

@@ -279,6 +279,15 @@ TABLE: tuple[OpSpec, ...] = (
            "MX quantize along partitions: per 32-partition block and column, an E8M0 scale and RNE elements",
            "for block b, column f: amax = max |x|; S = scale(amax, mode) (0xFF if not finite); "
            "dst = cast_sat(fp32(x * 2^(127 - S))) (precision.md 7.3)", needs="mx"),
+    OpSpec("random", 18, (Engine.POOL,),
+           (out("dst", "fp32"), inp("seed", "int32 [1, 1]: the run's seed, read by every partition", mems=_S),
+            imm("stream", Kind.U32, "which stream of the seed: each random instruction of a program its own"),
+            imm("base", Kind.I32, "counter at index 0"), imm("partition_step", Kind.I32, "added per partition"),
+            imm("steps", Kind.I32X4, "added per index of each free dim")),
+           cost.gpsimd,
+           "dst = uniform draws in (0, 1) from a counter-based hash of (seed, stream, counter)",
+           "k = rand(seed, stream, 0); for p, i: v = base + p*partition_step + sum(i_j*steps_j) (int32 wrapping); "
+           "dst[p, i] = fp32(2 * (rand(k, 0, v) >> 9) + 1) * 2^-24"),
 )
 
 BY_NAME = {op.name: op for op in TABLE}

@@ -23,10 +23,15 @@ class TensorKind(enum.IntEnum):
     OUTPUT = 1
     CONST = 2
     SCRATCH = 3
+    SEED = 4       # int32 [1]: the seed of the `random` instructions, a new one per call (its caller draws it)
 
     @property
     def text(self) -> str:
         return self.name.lower()
+
+
+# The kinds whose values the caller of a run supplies (the runtimes check that each is given).
+BOUND_KINDS = frozenset({TensorKind.INPUT, TensorKind.CONST, TensorKind.SEED})
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,11 @@ def _elementwise(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
 
 def _steps(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
     yield from _elementwise(ctx, ins)
+    yield from _step_dims(ins)
+
+
+def _step_dims(ins: Instruction) -> Iterator[Problem]:
+    """The counter's steps (iota, affine_select, random) step only dims dst has."""
     nd = len(ins["dst"].dims)
     if any(ins["steps"][nd:]):
         yield "shape", f"steps {list(ins['steps'])} step free dims beyond the {nd} of dst {_shape(ins['dst'])}"
@@ -362,6 +367,13 @@ def _partition_broadcast(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
         yield "shape", f"dst free size {_fsize(dst)} differs from src's {_fsize(src)}"
 
 
+def _random(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
+    seed = ins["seed"]
+    if seed.partitions != 1 or _fsize(seed) != 1:
+        yield "shape", f"seed is {_shape(seed)}; it must be [1, 1] (one int32 that every partition reads)"
+    yield from _step_dims(ins)
+
+
 def _dma_gather(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
     dst, table, index = ins["dst"], ins["table"], ins["index"]
     if index.partitions != dst.partitions or _fsize(index) != 1:
@@ -386,7 +398,7 @@ spec_shape: dict[str, Callable[[_Ctx, Instruction], Iterator[Problem]]] = {
     "iota": _steps, "affine_select": _steps,
     "matmul": _matmul, "matmul_mx": _matmul_mx, "transpose": _transpose, "tensor_reduce": _tensor_reduce,
     "partition_reduce": _partition_reduce, "partition_broadcast": _partition_broadcast,
-    "dma_gather": _dma_gather, "quantize_mx": _quantize_mx,
+    "dma_gather": _dma_gather, "quantize_mx": _quantize_mx, "random": _random,
 }
 
 
@@ -461,6 +473,11 @@ def _tensor_copy_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
         yield "dtype", f"rounding=sr needs a float dst; dst is {ins['dst'].dtype.text}"
 
 
+def _random_dtypes(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
+    yield from _dtype_in("dst", ins["dst"], {DType.FP32}, "a random draw")
+    yield from _dtype_in("seed", ins["seed"], {DType.INT32}, "the seed")
+
+
 def _affine_select_ops(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
     if ins["cmp"] not in COMPARISONS:
         yield "op", f"cmp is {AluOp(ins['cmp']).text}; affine_select compares with one of {_names(COMPARISONS)}"
@@ -469,7 +486,7 @@ def _affine_select_ops(ctx: _Ctx, ins: Instruction) -> Iterator[Problem]:
 spec_dtype: dict[str, Callable[[_Ctx, Instruction], Iterator[Problem]]] = {
     "matmul": _matmul_dtypes, "matmul_mx": _matmul_mx_dtypes, "quantize_mx": _quantize_mx_dtypes,
     "transpose": _transpose_dtypes, "dma_gather": _gather_dtypes, "activation": _activation_dtypes,
-    "tensor_copy": _tensor_copy_dtypes, "affine_select": _affine_select_ops,
+    "tensor_copy": _tensor_copy_dtypes, "affine_select": _affine_select_ops, "random": _random_dtypes,
 }
 
 

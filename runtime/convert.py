@@ -216,6 +216,20 @@ def rand(o, seed, p, e):
     return o.xor(h, o.shr(h, u(16)))
 
 
+def random_key(o, seed, stream):
+    """The key of one `random` instruction (u32 in and out): R(seed, stream, 0)."""
+    return rand(o, seed, stream, o.u32(0))
+
+
+def uniform(o, key, counter):
+    """The `random` opcode's draw for a u32 counter, fp32 in the open interval (0, 1): the top 23 bits k of
+    R(key, 0, counter) as (2k + 1) 2^-24, exact in fp32 and symmetric about 1/2, so log(u) and log(1 - u) are
+    finite (Box-Muller and the exponential draws need no guard)."""
+    u = o.u32
+    odd = o.or_(o.shl(o.shr(rand(o, key, u(0), counter), u(9)), u(1)), u(1))
+    return o.mul(o.itof(odd, F32), o.f32(2.0 ** -24))
+
+
 # ---- the numpy API --------------------------------------------------------------------------------------------
 
 def f32_bits(x: np.ndarray) -> np.ndarray:
@@ -265,6 +279,14 @@ def sr_rand(seed: int, partitions: int, free: int) -> np.ndarray:
     with np.errstate(all="ignore"):
         h = rand(NP, np.uint32(seed & 0xFFFFFFFF), p, e)
     return np.broadcast_to(h, (partitions, free)).copy()
+
+
+def uniform_draws(seed: int, stream: int, counter: np.ndarray) -> np.ndarray:
+    """The `random` opcode's draws for int32 counters (any shape), as fp32."""
+    c = np.asarray(counter).astype(np.int64).astype(np.uint32)
+    with np.errstate(all="ignore"):
+        key = random_key(NP, np.uint32(seed & 0xFFFFFFFF), np.uint32(stream & 0xFFFFFFFF))
+        return np.asarray(uniform(NP, key, c), dtype=np.float32)
 
 
 def is_nan_code(codes: np.ndarray, dtype: DType) -> np.ndarray:

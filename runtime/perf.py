@@ -51,7 +51,7 @@ CLOCKS = ("pe", "act", "dve", "pool", "dma")
 DIRECTIONS = ("hbm->sbuf", "sbuf->hbm", "sbuf->sbuf", "hbm->hbm")
 MAX_TICKS_PER_SECOND = 10**15     # past this the clocks have no useful common multiple: ticks are femtoseconds
 _DIRECTION = {(Mem.HBM, Mem.SBUF): 0, (Mem.SBUF, Mem.HBM): 1, (Mem.SBUF, Mem.SBUF): 2, (Mem.HBM, Mem.HBM): 3}
-_COMPULSORY = (TensorKind.INPUT, TensorKind.CONST, TensorKind.OUTPUT)
+_COMPULSORY = (TensorKind.INPUT, TensorKind.CONST, TensorKind.SEED, TensorKind.OUTPUT)
 
 
 def time_base(hw: HwConfig) -> tuple[int, dict[str, int]]:

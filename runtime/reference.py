@@ -20,7 +20,7 @@ import numpy as np
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, QUEUES, Mem
 from trnc.isa.config import HwConfig, get_target
-from trnc.isa.program import Instruction, Program, TensorKind
+from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
 from trnc.isa.verify import verify
 from trnc.runtime.reference_ops import SEMANTICS
 
@@ -155,7 +155,7 @@ def run(program: Program, inputs: Mapping[str, object], *, hw: HwConfig | None =
     if not verified:
         verify(program, hw)
     machine = Machine(program, hw=hw, fill_nan=fill_nan)
-    bound = {t.name for t in program.tensors if t.kind in (TensorKind.INPUT, TensorKind.CONST)}
+    bound = {t.name for t in program.tensors if t.kind in BOUND_KINDS}
     missing, unknown = sorted(bound - set(inputs)), sorted(set(inputs) - bound)
     if missing or unknown:
         raise TrncError(f"inputs do not match the program: missing {missing}, unknown {unknown}; "

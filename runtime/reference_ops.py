@@ -19,7 +19,7 @@ from trnc.errors import ExecutionError, TrncError
 from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.isa.enums import AluOp, ReduceOp, Rounding
 from trnc.isa.opcodes import BY_NAME
-from trnc.runtime.convert import from_fp32, sr_rand, to_fp32
+from trnc.runtime.convert import from_fp32, sr_rand, to_fp32, uniform_draws
 from trnc.runtime.fp32math import ACTIVATIONS, ALU, REDUCE
 from trnc.runtime.mx import quantize_mx, scale_pow2_f64
 
@@ -241,6 +241,15 @@ def iota(m, ins) -> None:
         m.write(dst, v)
     else:
         _put(m, dst, to_fp32(v, DType.INT32))
+
+
+@semantics("random")
+def random(m, ins) -> None:
+    """Uniform draws: the top 24 bits of R(k, 0, v) over 2^24, with k = R(seed, stream, 0) and v the counter."""
+    dst = ins["dst"]
+    seed = int(m.read(ins["seed"]).reshape(-1).view(np.uint32)[0])
+    v = _affine(dst, ins["base"], ins["partition_step"], ins["steps"])
+    m.write(dst, uniform_draws(seed, ins["stream"], v))
 
 
 # The comparisons affine_select may use, on the exact int32 value of its expression.

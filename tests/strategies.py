@@ -374,9 +374,21 @@ def _tensor_reduce(b: _Builder) -> dict:
 def _with_steps(b: _Builder, data: tuple[str, ...], **extra) -> dict:
     """iota and affine_select: steps only for the free dims dst has."""
     fields = _elementwise(b, data, **extra)
-    nd = len(fields["dst"].dims)
+    return {**fields, **_counter(b, fields["dst"])}
+
+
+def _counter(b: _Builder, dst: AP) -> dict:
+    """base, partition_step and steps of a counter over dst (iota, affine_select, random)."""
+    nd = len(dst.dims)
     steps = (*(b.rng.uniform(-100, 100) for _ in range(nd)), *[0] * (4 - nd))
-    return {**fields, "steps": steps, "base": b.rng.uniform(-1000, 1000), "partition_step": b.rng.uniform(-100, 100)}
+    return {"steps": steps, "base": b.rng.uniform(-1000, 1000), "partition_step": b.rng.uniform(-100, 100)}
+
+
+def _random(b: _Builder) -> dict:
+    p, f = b.size(), b.size(_MAX_F)
+    dst = b.on_chip(Mem.SBUF, b.pin("dst", DType.FP32), p, b.split(f))
+    seed = b.on_chip(Mem.SBUF, b.pin("seed", DType.INT32), 1, b.split(1))
+    return {"dst": dst, "seed": seed, "stream": b.rng.uniform(0, U32), **_counter(b, dst)}
 
 
 def _quantize_mx(b: _Builder) -> dict:
@@ -437,7 +449,7 @@ _VALID = {
     "affine_select": lambda b: _with_steps(b, ("dst", "src"), cmp=b.rng.choice(sorted(COMPARISONS)), fill=b.f32(100)),
     "partition_reduce": lambda b: _partitions_to_one(b, True),
     "partition_broadcast": lambda b: _partitions_to_one(b, False),
-    "quantize_mx": _quantize_mx,
+    "quantize_mx": _quantize_mx, "random": _random,
 }
 _NEEDS = {"matmul_mx": "mx", "quantize_mx": "mx"}   # opcodes that exist only on targets with this HwConfig flag
 

@@ -154,6 +154,7 @@ class CompiledModel:
         self.info = info
         self.options = options
         self.inputs = program.tensors_of(TensorKind.INPUT)
+        self.seeds = program.tensors_of(TensorKind.SEED)   # the random ops' seed: a new one each call
         self.outputs = program.tensors_of(TensorKind.OUTPUT)
         self._jit = None
         self._perf = None
@@ -191,6 +192,8 @@ class CompiledModel:
                                 "compute integers in fp32, exactly only below 2^24 (compute in float, or keep "
                                 "such integers on the host)")
             feed[decl.name] = numpy_of(t, decl.dtype)
+        for decl in self.seeds:   # from torch's default generator, so torch.manual_seed makes runs repeat
+            feed[decl.name] = torch.randint(-2 ** 31, 2 ** 31, (1,), dtype=torch.int64).to(torch.int32).numpy()
         return feed
 
     def _result(self, out: dict[str, np.ndarray]):

@@ -20,7 +20,7 @@ from trnc.dtypes import INT_RANGES, tensor_of, torch_dtype
 from trnc.errors import TrncError
 from trnc.isa.dtypes import MX_BLOCK, DType
 from trnc.isa.enums import ScaleMode
-from trnc.runtime.convert import to_fp32
+from trnc.runtime.convert import to_fp32, uniform_draws
 from trnc.runtime.mx import quantize_mx, scale_pow2_f64
 
 
@@ -234,14 +234,21 @@ def evaluate(node: ir.Node, args: list[torch.Tensor]) -> torch.Tensor:
     return store(EVAL[node.op](node, *args).contiguous(), node.dtype)
 
 
-def run_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def draws(node: ir.Node, seed: int) -> torch.Tensor:
+    """A random node's value: the uniform draw of each element's row-major index in its stream."""
+    counters = np.arange(node.numel, dtype=np.int64)
+    return torch.from_numpy(uniform_draws(seed, node.attrs["stream"], counters)).reshape(node.shape)
+
+
+def run_graph(graph: ir.Graph, inputs: list[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
     """Evaluate a legalized graph on user inputs (converted to each input node's dtype); returns the outputs."""
-    values = evaluate_graph(graph, inputs)
+    values = evaluate_graph(graph, inputs, seed)
     return [values[o] for o in graph.outputs]
 
 
-def evaluate_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> dict[ir.Node, torch.Tensor]:
-    """The value of every node of a legalized graph on user inputs (converted to each input node's dtype)."""
+def evaluate_graph(graph: ir.Graph, inputs: list[torch.Tensor], seed: int = 0) -> dict[ir.Node, torch.Tensor]:
+    """The value of every node of a legalized graph on user inputs (converted to each input node's dtype), its
+    random nodes drawn under `seed` (the value of a program's SEED tensor)."""
     if len(inputs) != len(graph.inputs):
         raise TrncError(f"the graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
     values: dict[ir.Node, torch.Tensor] = {}
@@ -253,6 +260,8 @@ def evaluate_graph(graph: ir.Graph, inputs: list[torch.Tensor]) -> dict[ir.Node,
     for node in graph.nodes:
         if node.op == "const":
             values[node] = tensor_of(node.attrs["value"], node.dtype).reshape(node.shape)
+        elif node.op == "random":
+            values[node] = draws(node, seed)
         elif node.op != "input":
             values[node] = evaluate(node, [values[i] for i in node.inputs])
     return values

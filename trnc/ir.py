@@ -38,10 +38,13 @@ OPS_CONTRACT = frozenset({"matmul", "attention", "conv", "matmul_mx"})
 # sliding windows over [N, C, H, W] (attrs: docs/ir.md; output size: window_out_size)
 OPS_WINDOW = frozenset({"conv", "pool"})
 OPS_GATHER = frozenset({"gather"})                       # table [V, D], index int32 [...] -> [..., D]
+# uniform draws in (0, 1), fp32, no inputs; attrs stream (distinct per node): element i (row-major) is the
+# draw of counter i in that stream under the run's seed (isa opcode `random`)
+OPS_RANDOM = frozenset({"random"})
 # movement: views when the strides allow it, else one DMA copy (never through the host)
 OPS_MOVEMENT = frozenset({"reshape", "permute", "expand", "slice", "cat", "copy"})
 TRNC_OPS = (OPS_SOURCE | OPS_ELEMENTWISE | OPS_REDUCE | OPS_ROWWISE | OPS_CONTRACT | OPS_WINDOW | OPS_GATHER
-            | OPS_MOVEMENT)
+            | OPS_RANDOM | OPS_MOVEMENT)
 
 _names = itertools.count()
 
@@ -294,6 +297,8 @@ def _check_node(n: Node, legalized: bool) -> str | None:
         return f"reduce op {a.get('op')!r} is not sum, max or min"
     if n.op == "layer_norm" and ins[0] != n.shape:
         return f"layer_norm output {list(n.shape)} differs from its input {list(ins[0])}"
+    if n.op == "random" and (ins or n.dtype is not DType.FP32 or not isinstance(a.get("stream"), int)):
+        return "random takes no operands, is fp32 and has an int attribute stream"
     if n.op == "const" and not isinstance(a.get("value"), np.ndarray):
         return "const without an array value"
     return None
@@ -375,7 +380,7 @@ def _check_plan(graph: Graph, index: int, users: dict) -> str | None:
     kernel, plan = graph.kernels[index], graph.kernels[index].plan
     out, op = kernel.output, kernel.nodes[0].op
     reader = graph.kernels[index + 1].nodes[0] if index + 1 < len(graph.kernels) else None
-    first_operand = reader is not None and reader.inputs[0] is out and out not in reader.inputs[1:]
+    first_operand = reader is not None and reader.inputs[:1] == (out,) and out not in reader.inputs[1:]
     handing_rows = plan.keep and plan.partition_dim == "m"
     if plan.partition_dim != kernel.partition_dim and not handing_rows:
         return f"partition_dim differs from layout's {kernel.partition_dim!r} without a rows hand-over"

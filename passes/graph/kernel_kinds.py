@@ -65,6 +65,7 @@ KINDS = {k.name: k for k in (
                prefetch=True),
     KernelKind("pool", frozenset({"pool"}), "window", fusible=True, window=True),
     KernelKind("gather", ir.OPS_GATHER, "movement"),
+    KernelKind("random", ir.OPS_RANDOM, "random"),
     KernelKind("movement", ir.OPS_MOVEMENT, "movement"),
 )}
 KIND_OF_OP = {op: kind.name for kind in KINDS.values() for op in kind.ops}   # fuse: the kind a node opens

@@ -59,6 +59,7 @@ class Rewriter:
         self.arg_values: list = []                     # and its value
         self.created: list[ir.Node] = []
         self.seen: dict[tuple, ir.Node] = {}
+        self.streams = 0                               # random nodes made so far: the next one's stream
 
     # -- errors ------------------------------------------------------------------------------------------
     def fail(self, what: str) -> NoReturn:
@@ -106,6 +107,12 @@ class Rewriter:
         if lossy:
             self.lossy.add(node)
         return node
+
+    def random(self, shape) -> ir.Node:
+        """Uniform draws in (0, 1) (fp32) in a stream of their own: never shared with an equal-looking node, and
+        kept fp32 by the precision pass (a narrower dtype would round draws to 1)."""
+        self.streams += 1
+        return self._node(None, "random", (), shape, DType.FP32, {"stream": self.streams, "keep_fp32": True})
 
     def scalar_const(self, value, dtype: DType) -> ir.Node:
         kind = torch.float64 if isinstance(value, float) else torch.int64

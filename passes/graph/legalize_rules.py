@@ -25,6 +25,7 @@ from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math f
 from trnc.passes.graph import legalize_nn  # (registers the activation, padding and norm rules; row statistics)
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
+from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
                                               keep_fp32_inside, pm_legalize, pm_whole, rule, take, truncated)
@@ -190,7 +191,8 @@ def _identity(rw: Rewriter, n, a):
 @rule("aten.dropout.default", "aten.native_dropout.default")
 def _dropout(rw: Rewriter, n, a):
     if a["train"] and a["p"] > 0:
-        rw.fail("in training mode is not supported; call model.eval()")
+        out, keep = legalize_random.dropout(rw, a["input"], float(a["p"]))
+        return out if n.op == "aten.dropout.default" else [out, keep]
     return a["input"] if n.op == "aten.dropout.default" else [a["input"], Unusable("dropout mask")]
 
 

@@ -40,8 +40,8 @@ def apply_precision(graph: ir.Graph, low: DType, auto_cast: str, kept=lambda mod
             k.compute_dtype = kept(first.module)
         elif k.kind == "attention" and attention is not None:
             k.compute_dtype = attention
-        elif first.attrs.get("keep_fp32"):   # a sum legalize writes as a matmul (cumsum): eager's is not narrowed
-            k.compute_dtype = first.inputs[0].dtype
+        elif first.attrs.get("keep_fp32") and first.inputs:   # a sum legalize writes as a matmul (cumsum) keeps
+            k.compute_dtype = first.inputs[0].dtype            # eager's dtype (a random draw reads nothing)
         elif k.kind in CONTRACT_KINDS:
             contract_operands.update(first.inputs[:3])
     stats = {"consts_narrowed": 0, "values_narrowed": 0}

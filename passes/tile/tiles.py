@@ -256,6 +256,7 @@ class TileProgram:
     rounding: Rounding = Rounding.RNE
     seed: int = 0
     seeds_taken: int = 0
+    random_seed: HbmView | None = None   # the SEED tensor of the `random` instructions, declared on first use
 
     def next_seed(self) -> int:
         """A distinct u32 seed for the next stochastically rounding instruction, from `seed` and a counter."""
@@ -314,6 +315,12 @@ class TileBuilder:
         if kind is TensorKind.CONST:
             self.program.constants[name] = value
         return HbmView(index, dtype, shape, contiguous_strides(shape))
+
+    def seed_tensor(self) -> HbmView:
+        """The program's SEED tensor (int32 [1], a new value each run), declared by the first kernel that draws."""
+        if self.program.random_seed is None:
+            self.program.random_seed = self.tensor("seed", TensorKind.SEED, DType.INT32, (1,))
+        return self.program.random_seed
 
     def sbuf(self, name: str, dtype: DType, partitions: int, free_shape) -> Tile:
         return self._tile(Mem.SBUF, name, dtype, partitions, tuple(free_shape))

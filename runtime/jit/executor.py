@@ -40,7 +40,7 @@ import numpy as np
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
-from trnc.isa.program import Instruction, Program, TensorKind
+from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
 from trnc import flags
@@ -262,7 +262,7 @@ class JitProgram:
     def run(self, inputs: Mapping[str, object], fill_nan: bool = False) -> dict[str, np.ndarray]:
         """Execute on `inputs` (numpy arrays or torch tensors by name); return the output tensors."""
         program = self.program
-        bound = {t.name for t in program.tensors if t.kind in (TensorKind.INPUT, TensorKind.CONST)}
+        bound = {t.name for t in program.tensors if t.kind in BOUND_KINDS}
         missing, unknown = sorted(bound - set(inputs)), sorted(set(inputs) - bound)
         if missing or unknown:
             raise TrncError(f"inputs do not match the program: missing {missing}, unknown {unknown}; "

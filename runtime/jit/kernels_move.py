@@ -1,5 +1,5 @@
 """Lowerings of the data-movement opcodes: dma_copy, tensor_copy, dma_gather, transpose, partition_broadcast,
-memset and iota.
+memset, iota and random.
 
 Same-dtype moves copy the storage bits (NaN payloads included, spec_intro.md "Writing"); a move between
 dtypes reads fp32 and converts on write through runtime/jit/kernels_values.py, like runtime/reference_ops._move.
@@ -166,3 +166,19 @@ def iota(kb: KernelBuilder, sig: KernelSig) -> None:
                 kb.store_bits(v, dbase, doff, dst.dtype)
             else:
                 values.store_f32(kb, values.int32_to_f32(kb, v), dbase, doff, dst.dtype)
+
+
+@lowering("random", statics=("partition_step", "steps"),
+          dynamics=lambda ins: (int(ins["stream"]), int(ins["base"])))
+def random(kb: KernelBuilder, sig: KernelSig) -> None:
+    """dst = the uniform draw of (seed, stream, counter) for the counter of each element (runtime/convert.py)."""
+    dst = sig.layout("dst")
+    dbase = kb.base("dst")
+    seed = kb.load_bits(kb.base("seed"), i64(0), DType.INT32)
+    key = values.random_key(kb, seed, kb.dynamic(0))
+    affine = affine_stream(sig, dst)
+    with kb.loop(dst.partitions, "p") as p:
+        starts = [kb.mul(p, dst.pstride), kb.mul(p, affine.pstride)]
+        with kb.elements([stream(dst), affine], starts, dst.free_size) as (doff, voff):
+            values.store_f32(kb, values.uniform(kb, key, affine_value(kb, kb.dynamic(1), voff)), dbase, doff,
+                             DType.FP32)

@@ -40,10 +40,22 @@ def store_f32(kb: KernelBuilder, x: ir.Value, base, offset, dtype: DType, roundi
 
 def sr_rand(kb: KernelBuilder, seed: ir.Value, p: ir.Value, e: ir.Value) -> Val:
     """The spec's R(seed, p, e) from i64 seed, partition and free element index (each taken mod 2^32)."""
-    o = _ops(kb)
-    u32 = [o.value(kb.b.trunc(v, ir.IntType(32)), U32) if v.type != ir.IntType(32) else o.value(v, U32)
-           for v in (seed, p, e)]
-    return convert.rand(o, *u32)
+    return convert.rand(_ops(kb), *(_u32(kb, v) for v in (seed, p, e)))
+
+
+def _u32(kb: KernelBuilder, v: ir.Value) -> Val:
+    """An integer value taken mod 2^32, as a U32 backend value."""
+    return _ops(kb).value(kb.b.trunc(v, ir.IntType(32)) if v.type != ir.IntType(32) else v, U32)
+
+
+def random_key(kb: KernelBuilder, seed: ir.Value, stream: ir.Value) -> Val:
+    """The `random` instruction's key R(seed, stream, 0)."""
+    return convert.random_key(_ops(kb), _u32(kb, seed), _u32(kb, stream))
+
+
+def uniform(kb: KernelBuilder, key: Val, counter: ir.Value) -> ir.Value:
+    """The uniform draw (fp32) of an i32 counter under `key`."""
+    return convert.uniform(_ops(kb), key, _u32(kb, counter)).ir
 
 
 def int32_to_f32(kb: KernelBuilder, v: ir.Value) -> ir.Value:

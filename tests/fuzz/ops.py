@@ -116,6 +116,10 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     "i1e": (4, ("torch.special.i1e({0})",)),
     "i0": (7, ("torch.i0({0})", "torch.special.i0({0})", "torch.special.modified_bessel_i0({0})")),
     "i1": (7, ("torch.special.i1({0})", "torch.special.modified_bessel_i1({0})")),
+    # random ops whose result the draws do not decide (u in [0, 1), p = 1, a range of one integer): they test
+    # the random kernels, the per-call seed and the dtypes of the draws against eager, value for value
+    "random": (0, ("{0} + torch.rand_like({0}).floor()", "torch.bernoulli(torch.ones_like({0})) * {0}",
+                   "{0} - torch.randint_like({0}, 0, 1)")),
 }
 # a flat piece, and growths (or decays) that outrun a linear bound (reference.py)
 MAGNIFIED_UNARY = ("relu", "exp", "exp2", "sinh", "cosh", "erfc", "i0", "i1")

@@ -51,6 +51,8 @@ def every_opcode():
     return [
         make("dma_copy", Engine.DMA, queue=0, dst=x, src=hbm(0, 128, [(1, 64)], 64)),
         make("iota", dst=sb(32, [(1, 1)], off=5000, dt=I32), base=0, partition_step=3),
+        make("random", dst=sb(16, [(1, 8)], off=5200), seed=sb(1, [(1, 1)], off=5000, dt=I32), stream=3,
+          partition_step=8, steps=(1, 0, 0, 0)),
         make("dma_gather", Engine.DMA, queue=1, dst=sb(32, [(1, 16)], off=4096), table=hbm(1, 100, [(1, 16)], 16),
           index=sb(32, [(1, 1)], off=5000, dt=I32)),
         make("tensor_copy", Engine.DVE, dst=sb(128, off=1024, dt=BF16), src=x),
@@ -301,6 +303,8 @@ MX = op("matmul_mx")
      ["src partitions is 48", "multiple of 32"]),
     (with_fields(op("quantize_mx"), scale=sb(4, [(1, 32)], off=3200, dt=E8M0)), ["scale is [4, 32]", "[4, 64]"]),
     (with_fields(op("iota"), steps=(1, 1, 0, 0)), ["steps [1, 1, 0, 0]", "beyond the 1"]),
+    (with_fields(op("random"), seed=sb(2, [(1, 1)], off=5000, dt=I32)), ["seed is [2, 1]", "[1, 1]"]),
+    (with_fields(op("random"), steps=(1, 1, 0, 0)), ["steps [1, 1, 0, 0]", "beyond the 1"]),
 ])
 def test_shape(ins, words):
     expect(broken(ins), "shape", 2, *words)
@@ -326,6 +330,8 @@ def test_shape(ins, words):
     (with_fields(op("dma_gather"), index=sb(32, [(1, 1)], off=5000)), ["index is fp32", "gather index"]),
     (with_fields(op("activation"), accum=sb(64, [(1, 1)], off=9008, dt=BF16)), ["accum is bf16"]),
     (with_fields(op("tensor_copy", 1), dst=sb(128, off=2048, dt=DType.INT8)), ["rounding=sr needs a float dst"]),
+    (with_fields(op("random"), dst=sb(16, [(1, 8)], off=5200, dt=BF16)), ["dst is bf16", "random draw"]),
+    (with_fields(op("random"), seed=sb(1, [(1, 1)], off=5000)), ["seed is fp32", "the seed"]),
 ])
 def test_dtype(ins, words):
     expect(broken(ins), "dtype", 2, *words)

@@ -55,6 +55,7 @@ AXES: dict[str, tuple[tuple[str, ...], ...]] = {
     "partition_reduce": (("dst",), ("src",), ("op",)),
     "partition_broadcast": (("dst",), ("src",)),
     "quantize_mx": (("src", "dst", "scale_mode"), ("scale",)),
+    "random": (("dst",), ("seed",)),
 }
 # Rules whose violations make pinned values illegal; any other violation is a bug of the instruction builder.
 LEGALITY_RULES = frozenset({"dtype", "target", "op"})

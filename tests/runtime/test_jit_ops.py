@@ -151,6 +151,7 @@ CASES = {   # opcode -> hypothesis examples
     "dma_copy": 24, "dma_gather": 12, "matmul": 16, "matmul_mx": 10, "transpose": 16, "activation": 28,
     "tensor_tensor": 34, "tensor_scalar": 20, "tensor_reduce": 15, "tensor_copy": 24, "memset": 12, "iota": 12,
     "select": 12, "affine_select": 12, "partition_reduce": 12, "partition_broadcast": 12, "quantize_mx": 12,
+    "random": 12,
 }
 
 

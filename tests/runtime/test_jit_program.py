@@ -16,6 +16,7 @@ from strategies import valid_programs
 from test_jit_ops import random_values
 from trnc.errors import ExecutionError, TrncError, VerifyError
 from trnc.isa import ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
+from trnc.isa.program import BOUND_KINDS
 from trnc.isa.asm import format_instruction
 from trnc.runtime import reference
 from trnc.runtime.convert import bits_equal_or_both_nan
@@ -34,7 +35,7 @@ F32, BF16, I32 = DType.FP32, DType.BF16, DType.INT32
 def inputs_for(program: Program, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {t.name: random_values(rng, t.dtype, t.num_elements).reshape(t.shape)
-            for t in program.tensors if t.kind in (TensorKind.INPUT, TensorKind.CONST)}
+            for t in program.tensors if t.kind in BOUND_KINDS}
 
 
 def outcome(run, program, inputs, **kw):

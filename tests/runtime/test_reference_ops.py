@@ -555,6 +555,29 @@ def test_iota_writes_the_wrapped_int32_expression(dtype):
     assert_same(m.read(dst), want, dtype)
 
 
+def test_random_draws_the_counter_of_each_element_under_the_stream_key():
+    """(2 (h >> 9) + 1) 2^-24 of h = rand(rand(S, stream, 0), 0, v), from the spec's hash written out here."""
+    def fmix(h):
+        for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+            h = (h ^ (h >> shift)) * mul % 2**32
+        return h ^ (h >> 16)
+
+    def rand(s, p, e):
+        return fmix((s * 0x9E3779B1 + p * 0x85EBCA77 + e * 0xC2B2AE3D) % 2**32)
+
+    shape, seed, stream = (5, 3, 4), -123456, 2**32 - 3
+    base, partition_step, steps = 2**31 - 20, 12, (4, -1, 0, 0)    # the counters wrap past 2^31 - 1
+    dst = onchip(F32, shape, offset=64)
+    seed_ap = onchip(DType.INT32, (1, 1), offset=4096)
+    m = execute(Instruction.make("random", dst=dst, seed=seed_ap, stream=stream, base=base,
+                                 partition_step=partition_step, steps=steps),
+                writes=[(seed_ap, np.array([[seed]], dtype=np.int32))])
+    key = rand(seed % 2**32, stream, 0)
+    want = [(2 * (rand(key, 0, affine(p, (i, j), base, partition_step, steps) % 2**32) >> 9) + 1) * 2.0**-24
+            for p, i, j in itertools.product(*map(range, shape))]
+    assert_same(m.read(dst), np.array(want, dtype=F).reshape(shape), F32)
+
+
 @pytest.mark.parametrize("cmp", [AluOp.EQ, AluOp.NE, AluOp.LT, AluOp.LE, AluOp.GT, AluOp.GE], ids=lambda c: c.text)
 def test_affine_select_keeps_src_where_the_expression_compares_true(cmp):
     rng = np.random.default_rng(47)

@@ -15,7 +15,7 @@ from trnc.cli import artifact_cmds
 from trnc.errors import TrncError
 from trnc.isa import asm, cost, decoding, encoding, verify
 from trnc.isa.config import get_target
-from trnc.isa.program import Program, TensorKind
+from trnc.isa.program import BOUND_KINDS, Program, TensorKind
 
 
 def load_program(path: str) -> Program:
@@ -87,7 +87,7 @@ def _load_inputs(program: Program, specs: list[str], seed: int) -> dict[str, np.
     rng = np.random.default_rng(seed)
     inputs = {}
     for decl in program.tensors:
-        if decl.kind in (TensorKind.INPUT, TensorKind.CONST):
+        if decl.kind in BOUND_KINDS:
             inputs[decl.name] = (_as_dtype(given.pop(decl.name), decl) if decl.name in given
                                  else _random_input(decl, rng))
     if given:
