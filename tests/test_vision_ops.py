@@ -3,7 +3,10 @@ paddings, dilations and groups.
 
 fp32: within 1e-5 of eager relative to the output's largest magnitude. trnc and eager both sum each output in
 fp32 from exact or once-rounded products, in different orders: over K = C_in/groups x KH x KW terms the two
-differ by at most about 2 K 2^-24 sum |x w| (Higham 4.2), under 1e-5 of the output scale for these sizes.
+differ by at most about 2 K 2^-24 sum |x w| (Higham 4.2), under 1e-5 of the output scale for these sizes. A 3-d
+convolution is one 2-d convolution whose channels are the depth taps' planes: K = C_in/groups x KD x KH x KW
+terms summed in PSUM, the same bound (K at most 216 here). A 3-d average pool is two sums of fp32 values (over
+H x W, then over the depth window), a different order from eager's over at most 60 terms, far within it.
 bf16 (auto_cast="matmult": the convolution's operands in bf16, its sums and the result in fp32): each product's
 operands carry a relative error of at most 2^-8 each, so every output is within 2^-7 x conv(|x|, |w|) plus the
 fp32 sum's own bound of eager's fp32 result; the test checks that bound element by element.
@@ -54,6 +57,19 @@ CONVS = {
     "conv_transpose2d padding beyond the kernel": (lambda: nn.ConvTranspose2d(4, 4, 2, stride=2, padding=2),
                                                    (1, 4, 6, 6)),
     "conv_transpose1d": (lambda: nn.ConvTranspose1d(6, 3, 4, stride=3, padding=1), (2, 6, 9)),
+    "conv3d 3x3x3 pad 1": (lambda: nn.Conv3d(4, 6, 3, padding=1), (2, 4, 5, 6, 7)),
+    "conv3d stride, dilation, no bias": (lambda: nn.Conv3d(3, 5, (3, 2, 3), stride=(2, 1, 2), dilation=(2, 1, 1),
+                                                           padding=(2, 0, 1), bias=False), (1, 3, 9, 6, 8)),
+    "conv3d groups, depth padding beyond the input": (lambda: nn.Conv3d(8, 4, (5, 3, 3), padding=(3, 1, 0),
+                                                                        groups=2), (1, 8, 2, 5, 5)),
+    "conv3d depthwise": (lambda: nn.Conv3d(6, 6, 3, padding=1, groups=6), (1, 6, 4, 4, 4)),
+    "conv3d 1x1x1": (lambda: nn.Conv3d(16, 8, 1), (2, 16, 3, 4, 5)),
+    "conv3d same, depth kernel 1": (lambda: nn.Conv3d(4, 4, (1, 3, 4), padding="same"), (1, 4, 3, 7, 6)),
+    "conv_transpose3d stride 2": (lambda: nn.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1),
+                                  (1, 4, 3, 4, 5)),
+    "conv_transpose3d groups, dilation, padding beyond the kernel": (
+        lambda: nn.ConvTranspose3d(4, 6, (2, 3, 2), stride=(3, 2, 1), padding=(3, 1, 2), dilation=(2, 1, 2),
+                                   output_padding=(1, 1, 0), groups=2), (2, 4, 4, 3, 5)),
 }
 
 
@@ -77,6 +93,17 @@ POOLS = {
     "adaptive_avg_pool2d uneven": (nn.AdaptiveAvgPool2d((5, 3)), (1, 8, 12, 13)),
     "adaptive_max_pool2d uneven": (nn.AdaptiveMaxPool2d((3, 4)), (1, 8, 10, 9)),
     "adaptive_avg_pool1d": (nn.AdaptiveAvgPool1d(7), (2, 4, 30)),
+    "max_pool3d 3/2 pad 1": (nn.MaxPool3d(3, 2, 1), (2, 3, 7, 8, 9)),
+    "max_pool3d ceil_mode, dilation": (nn.MaxPool3d((3, 2, 3), (2, 1, 2), 1, dilation=(2, 1, 2), ceil_mode=True),
+                                       (1, 4, 9, 6, 10)),
+    "avg_pool3d count_include_pad": (nn.AvgPool3d(3, 2, 1), (1, 4, 7, 8, 9)),
+    "avg_pool3d exclude pad, ceil_mode": (nn.AvgPool3d((2, 3, 4), (1, 2, 2), (1, 1, 2), ceil_mode=True,
+                                                       count_include_pad=False), (2, 3, 5, 7, 8)),
+    "avg_pool3d divisor_override, unbatched": (nn.AvgPool3d(2, divisor_override=3), (3, 4, 6, 5)),
+    "adaptive_avg_pool3d global": (nn.AdaptiveAvgPool3d(1), (2, 8, 3, 5, 4)),
+    "adaptive_avg_pool3d divisible": (nn.AdaptiveAvgPool3d((2, 3, 2)), (1, 4, 4, 9, 6)),
+    "adaptive_avg_pool3d uneven": (nn.AdaptiveAvgPool3d((3, 5, 2)), (1, 4, 5, 7, 9)),
+    "adaptive_max_pool3d uneven": (nn.AdaptiveMaxPool3d((2, 4, 3)), (1, 4, 5, 7, 8)),
 }
 
 
@@ -94,6 +121,11 @@ INDEXED_POOLS = {
     "max_pool1d ceil_mode": lambda x: F.max_pool1d(x.flatten(2), 4, 3, 2, ceil_mode=True, return_indices=True),
     "adaptive_max_pool2d uneven": lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
     "adaptive_max_pool1d": lambda x: F.adaptive_max_pool1d(x.flatten(2), 7, return_indices=True),
+    "max_pool3d 3/2 pad 1": lambda x: F.max_pool3d(x[None], 3, 2, 1, return_indices=True),
+    "max_pool3d ceil_mode, dilation, unbatched": lambda x: F.max_pool3d(x, (3, 2, 3), (2, 1, 2), 1,
+                                                                        dilation=(1, 2, 1), ceil_mode=True,
+                                                                        return_indices=True),
+    "adaptive_max_pool3d uneven": lambda x: F.adaptive_max_pool3d(x[None], (2, 4, 3), return_indices=True),
 }
 
 
@@ -143,15 +175,17 @@ def test_batch_norm_1d_matches_eager():
     compiled_matches(bn, torch.randn(4, 12, 5))
 
 
-@pytest.mark.parametrize("name", ["conv2d 3x3 pad 1", "conv2d 7x7 stride 2 (stem)", "conv2d depthwise"])
+@pytest.mark.parametrize("name", ["conv2d 3x3 pad 1", "conv2d 7x7 stride 2 (stem)", "conv2d depthwise",
+                                  "conv3d 3x3x3 pad 1"])
 def test_bf16_operands_stay_within_their_rounding_bound(name):
     make, shape = CONVS[name]
     model, x = make().eval(), torch.randn(shape)
+    conv = F.conv3d if isinstance(model, nn.Conv3d) else F.conv2d
     with torch.no_grad():
         expected = model(x)
         got = trnc.compile(model, (x,), precision="bf16", auto_cast="matmult")(x)
-        magnitude = F.conv2d(x.abs(), model.weight.abs(), None, model.stride, model.padding, model.dilation,
-                             model.groups)
+        magnitude = conv(x.abs(), model.weight.abs(), None, model.stride, model.padding, model.dilation,
+                         model.groups)
         terms = model.weight[0].numel()
     bound = 2.0 ** -7 * magnitude + 2 * terms * 2.0 ** -24 * magnitude + 1e-6
     assert got.dtype == torch.float32
@@ -159,18 +193,31 @@ def test_bf16_operands_stay_within_their_rounding_bound(name):
     assert (got - expected).abs().max() > 0     # the operands were rounded: bf16 was used
 
 
-def test_a_3d_convolution_is_refused_naming_the_op():
-    model = nn.Conv3d(2, 2, 3).eval()
-    with pytest.raises(UnsupportedOpError, match=r"aten.convolution.default over 3 spatial dims"):
-        trnc.compile(model, (torch.randn(1, 2, 4, 4, 4),))
+def test_avg_pool3d_keeps_its_partial_sums_in_fp32_under_auto_cast_all():
+    """The sums over (H, W) that the depth windows then add are the pool's own intermediates, which eager never
+    rounds: with the input and output kept fp32, the result is fp32's."""
+    compiled_matches(nn.AvgPool3d(3, 1, 1), torch.randn(1, 4, 6, 7, 8), precision="bf16", auto_cast="all")
 
 
-def test_conv_transpose_of_a_runtime_weight_is_refused():
+def test_adaptive_pooling_to_many_uneven_windows_is_refused_naming_the_op():
+    class Pool(nn.Module):
+        def forward(self, x):
+            return F.adaptive_avg_pool3d(x, (2, 150, 150))
+    with pytest.raises(UnsupportedOpError, match=r"aten._adaptive_avg_pool3d.default to \[2, 150, 150\]"):
+        trnc.compile(Pool(), (torch.randn(1, 1, 3, 301, 301),))
+
+
+@pytest.mark.parametrize("transpose", [F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d])
+def test_conv_transpose_of_a_runtime_weight_matches_eager(transpose):
+    """The flipped weight is made on the device (a slice per tap, in reverse order), not at compile time."""
     class Runtime(nn.Module):
         def forward(self, x, w):
-            return F.conv_transpose2d(x, w, stride=2)
-    with pytest.raises(UnsupportedOpError, match="weight computed at run time"):
-        trnc.compile(Runtime(), (torch.randn(1, 2, 4, 4), torch.randn(2, 3, 3, 3)))
+            return transpose(x, w, stride=2, padding=1, groups=2)
+    rank = int(transpose.__name__[-2])
+    x, w = torch.randn(1, 4, *(4,) * rank), torch.randn(4, 3, *(3,) * rank)
+    got = trnc.compile(Runtime(), (x, w))(x, w)
+    expected = transpose(x, w, stride=2, padding=1, groups=2)
+    assert ((got - expected).abs().max() / expected.abs().max()).item() <= FP32_RTOL
 
 
 def test_a_convolution_of_a_runtime_weight_matches_eager():
@@ -198,15 +245,18 @@ def test_resampling_and_shuffles_match_eager(mode, align_corners):
     compiled_matches(Resample(mode, align_corners), torch.randn(1, 8, 5, 7))
 
 
-def test_a_3d_convolution_falls_back_visibly_under_the_backend():
+def test_a_3d_network_runs_wholly_on_the_device_under_the_backend():
     from trnc import backend
-    model, x = nn.Sequential(nn.Conv3d(2, 3, 3), nn.ReLU()).eval(), torch.randn(1, 2, 5, 5, 5)
+    bn = nn.BatchNorm3d(6)
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 2)
+    model = nn.Sequential(nn.Conv3d(2, 6, 3, padding=1), bn, nn.ReLU(), nn.MaxPool3d(2), nn.Conv3d(6, 4, 3, padding=1),
+                          nn.AdaptiveAvgPool3d(1)).eval()
+    x = torch.randn(1, 2, 6, 8, 8)
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(model, backend="trnc")(x)
         expected = model(x)
-    report = backend.last_report()
-    assert [f.op for f in report.fallback] == ["aten.convolution.default"]
-    assert "3 spatial dims" in report.fallback[0].reason
-    assert torch.allclose(got, expected, rtol=FP32_RTOL, atol=1e-6)
+    assert backend.last_report().fallback == ()
+    assert ((got - expected).abs().max() / expected.abs().max()).item() <= FP32_RTOL
     torch._dynamo.reset()

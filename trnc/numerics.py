@@ -24,7 +24,7 @@ from trnc.errors import TrncError
 from trnc.options import LOW_BIT, Options
 
 # module classes whose output the report measures, by the op they are (a class name containing the key)
-LAYER_KINDS = {"Linear": "linear", "Conv1d": "conv", "Conv2d": "conv", "ConvTranspose": "conv",
+LAYER_KINDS = {"Linear": "linear", "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv", "ConvTranspose": "conv",
                "LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "GroupNorm": "group_norm", "BatchNorm": "batch_norm",
                "Softmax": "softmax", "Attention": "attention"}
 
