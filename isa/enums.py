@@ -93,6 +93,8 @@ class ActFunc(TextEnum):
     ERFCX = 36      # e^(x^2) erfc(x)
     I0E = 37        # e^-|x| I0(x), the exponentially scaled modified Bessel function of order 0
     I1E = 38        # e^-|x| I1(x), order 1
+    LGAMMA = 39     # log |Gamma(x)|
+    DIGAMMA = 40    # d/dx log Gamma(x)
 
 
 class ReduceOp(TextEnum):

@@ -13,7 +13,8 @@ each table notes the approximation error of its rounded coefficients. Measured a
 sweeps against float64 references (tests/runtime/test_fp32math.py asserts these bounds), is given in
 each function's docstring in ulps of the fp32 result (subnormal results: ulps of 2^-149).
 The circular functions are in runtime/fp32trig.py, the other transcendentals (erf, hyperbolic, exp2, log2,
-log10, hypot, logaddexp) in runtime/fp32special.py, the exact ones (rounding, sign, fmod) in runtime/fp32round.py.
+log10, hypot, logaddexp) in runtime/fp32special.py, lgamma and digamma in runtime/fp32gamma.py, the exact ones
+(rounding, sign, fmod) in runtime/fp32round.py.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from trnc.isa.enums import ActFunc, AluOp, ReduceOp
-from trnc.runtime import fp32round, fp32special, fp32trig
+from trnc.runtime import fp32gamma, fp32round, fp32special, fp32trig
 from trnc.runtime.fp32pow import pow_
 from trnc.runtime.fp32util import (
     EXP_LO, EXP_POLY, INF, LN2_HI, LN2_LO, LOG2E, LOG_POLY, copysign, exp_parts, fabs, float_max, float_min, horner,
@@ -213,6 +214,8 @@ ACT_FUNCS: dict[ActFunc, Callable] = {
     ActFunc.ERFCX: fp32special.erfcx,
     ActFunc.I0E: fp32special.i0e,
     ActFunc.I1E: fp32special.i1e,
+    ActFunc.LGAMMA: fp32gamma.lgamma,
+    ActFunc.DIGAMMA: fp32gamma.digamma,
 }
 
 ALU_OPS: dict[AluOp, Callable] = {

@@ -109,6 +109,58 @@ def test_modified_bessel_functions_within_the_scaled_ones_and_two_exps():
         check_ulps(fn.__name__, g, fn(x), fn(x.double()), x, 6.1)
 
 
+def test_lgamma_and_digamma_within_their_stated_errors():
+    """x > 0: lgamma 1.9 ulp, digamma 1.7 ulp (runtime/fp32gamma.py). x < 0, by the reflection formulas
+    log(pi / (a |sin(pi a)|)) - lgamma(a) and digamma(1 + a) + pi cot(pi a) (a = -x), whose terms cancel near the
+    functions' negative zeros: 3.2 and 4.4 ulps of the larger term. NaN where eager has NaN (digamma at the negative
+    integers and -Inf); Inf where the exact value is (lgamma up to x = 4.085e36, where eager's float lgamma is Inf
+    from 4.037e36)."""
+    x = values(1610)
+    got = compiled([torch.lgamma, torch.digamma], x)(x)
+    a = -x.double()
+    r = a - a.round()
+    terms = {"lgamma": (torch.log(math.pi / (a * torch.sin(math.pi * r).abs())), torch.lgamma(a)),
+             "digamma": (torch.digamma(1 + a), math.pi / torch.tan(math.pi * r))}
+    for fn, g, ulps, below in ((torch.lgamma, got[0], 1.9, 3.2), (torch.digamma, got[1], 1.7, 4.4)):
+        name = fn.__name__
+        positive = ~(x < 0)
+        check_ulps(name, g[positive], fn(x[positive]), fn(x[positive].double()), x[positive], ulps)
+        exact = fn(x.double())
+        assert (g.isnan() == fn(x).isnan()).all(), name
+        inf = exact.isinf() | (exact.abs() >= BIG + 2.0 ** 103)
+        assert (g[inf] == exact[inf].float()).all(), name
+        scale = torch.maximum(*(t.abs() for t in terms[name]))
+        negative = (x < 0) & ~inf & ~exact.isnan()
+        err = (g[negative].double() - exact[negative]).abs() / ulp_of(scale[negative])
+        assert err.max() <= below + 0.5, f"{name}: {float(err.max()):.2f} ulp at x={x[negative][int(err.argmax())]!r}"
+
+
+def test_gamma_function_spellings_and_mvlgamma():
+    """polygamma(0, x), special.psi and special.gammaln are digamma and lgamma bit for bit; mvlgamma(x, p) is
+    torch's decomposition, the sum of lgamma(x + (1 - p) / 2 + i / 2) over i < p plus p (p - 1) log(pi) / 4: within
+    (1.9 + 0.5) ulp of each term and p roundings of the sum, against float64 on the same fp32 arguments."""
+    g = torch.Generator().manual_seed(1611)
+    x = torch.cat([torch.empty(2000).uniform_(2, 40, generator=g), torch.exp(torch.empty(500).uniform_(0.7, 80,
+                                                                                                       generator=g))])
+    fns = [torch.lgamma, torch.digamma, lambda a: torch.polygamma(0, a), torch.special.psi, torch.special.gammaln,
+           lambda a: torch.mvlgamma(a, 1), lambda a: torch.mvlgamma(a, 3), lambda a: torch.special.multigammaln(a, 5)]
+    got = compiled(fns, x)(x)
+    for i, j in ((1, 2), (1, 3), (0, 4)):
+        assert_bits_equal(got[j], got[i], x, f"spelling {j}")
+    for p, g in ((1, got[5]), (3, got[6]), (5, got[7])):
+        args = (x[:, None] + 0.5 * torch.arange(1 - p, 1)).double()        # rounded to fp32 as torch's
+        terms = torch.lgamma(args)
+        exact = terms.sum(-1) + p * (p - 1) / 4 * math.log(math.pi)
+        allowed = ((1.9 + 0.5) * ulp_of(terms)).sum(-1) + p * ulp_of(exact)
+        assert ((g.double() - exact).abs() <= allowed).all(), p
+
+
+def test_polygamma_of_a_higher_order_is_refused_by_name():
+    x = torch.rand(4, generator=torch.Generator().manual_seed(1612)) + 1
+    with pytest.raises(trnc.errors.UnsupportedOpError, match=r"aten\.polygamma\.default with n=1 "):
+        compiled([lambda a: torch.polygamma(1, a)], x)
+
+
 def test_rounding_sign_and_classification_equal_eager_bit_for_bit():
     x = values(1602)
     got = compiled(list(EXACT.values()), x)(x)

@@ -58,6 +58,8 @@ UNARY = {
     "erfcx": torch.special.erfcx,
     "i0e": torch.special.i0e,
     "i1e": torch.special.i1e,
+    "lgamma": torch.lgamma,
+    "digamma": torch.digamma,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,

@@ -1,9 +1,10 @@
 """legalize rules of the math functions of tensors (issue 16): each aten op is one machine function where the
-machine has it (ScalarE's sin ... sign, the ALU's atan2, fmod, remainder, hypot and logaddexp: runtime/fp32trig.py,
-fp32special.py and fp32round.py, whose measured ulp errors isa/SPEC.md states), and a few elementwise nodes
-otherwise: frac = x - trunc(x), round with decimals as torch's kernel (rint(x * 10^d) / 10^d in fp32), xlogy and
-nan_to_num by selects, isnan / isinf / isfinite by comparisons (which are IEEE: NaN compares unequal to itself).
-Intermediates are fp32 and only the result rounds to its dtype, as torch's kernels compute low-precision floats.
+machine has it (ScalarE's sin ... sign, lgamma and digamma, the ALU's atan2, fmod, remainder, hypot and logaddexp:
+runtime/fp32trig.py, fp32special.py, fp32gamma.py and fp32round.py, whose measured ulp errors isa/SPEC.md states), and
+a few elementwise nodes otherwise: frac = x - trunc(x), round with decimals as torch's kernel (rint(x * 10^d) / 10^d in
+fp32), xlogy and nan_to_num by selects, isnan / isinf / isfinite by comparisons (which are IEEE: NaN compares unequal
+to itself). Intermediates are fp32 and only the result rounds to its dtype, as torch's kernels compute low-precision
+floats.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 FP32 = DType.FP32
 # aten name -> ScalarE function (isa ActFunc)
 FUNCS = {name: name for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-                                 "atanh", "erf", "erfc", "erfinv", "exp2", "log2", "log10")}
+                                 "atanh", "erf", "erfc", "erfinv", "exp2", "log2", "log10", "lgamma", "digamma")}
 ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "fix": "trunc", "round": "rint"}
 SIGN = {"sign": "sign", "sgn": "sign"}
 # aten name -> ALU op (isa AluOp)
@@ -258,6 +259,15 @@ def _unscaled_bessel(func: str):
 for _name, _f in (("i0", "i0e"), ("special_modified_bessel_i0", "i0e"), ("special_i1", "i1e"),
                   ("special_modified_bessel_i1", "i1e")):
     pm_legalize[f"aten.{_name}.default"] = _unscaled_bessel(_f)
+
+
+@rule("aten.polygamma.default")
+def _polygamma(rw: Rewriter, n, a):
+    """The 0th polygamma function is digamma; the machine has no higher derivative."""
+    if a["n"] != 0:
+        rw.fail(f"with n={a['n']} is not supported (the machine computes polygamma for n = 0 only, as digamma)")
+    _float_input(rw, n, "digamma")
+    return rw.unary(a["input"], "digamma")
 
 
 @rule("aten.logaddexp2.default")

@@ -22,7 +22,7 @@ EPS = (1e-5, 1e-6, 1e-3)
 def unary(b):
     fn = b.choice(tuple(UNARY) + ("gelu", "gelu_tanh"))
     x = b.pick_float()
-    if fn in ("log", "sqrt", "rsqrt", "log2", "log10"):
+    if fn in ("log", "sqrt", "rsqrt", "log2", "log10", "lgamma", "digamma"):
         x = b.positive(x)
     elif fn == "reciprocal":
         x = b.nonzero(x)

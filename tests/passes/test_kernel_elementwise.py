@@ -85,6 +85,8 @@ TORCH_UNARY = {
     "erfcx": torch.special.erfcx,
     "i0e": torch.special.i0e,
     "i1e": torch.special.i1e,
+    "lgamma": torch.lgamma,
+    "digamma": torch.digamma,
 }
 DOMAIN = {"log": np.abs, "sqrt": np.abs, "rsqrt": np.abs, "log2": np.abs, "log10": np.abs,   # then + 0.01
           "acosh": lambda v: np.abs(v) + 0.99, "asin": np.tanh, "acos": np.tanh, "atanh": np.tanh,

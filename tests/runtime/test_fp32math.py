@@ -51,6 +51,20 @@ def erfinv64(x: np.ndarray) -> np.ndarray:
     return torch.erfinv(torch.from_numpy(x)).numpy()   # float64, within 2^-50 relative
 
 
+X0 = (1.4616321449683622, 9.549995429965697e-17)   # the positive zero of digamma as a float64 pair
+
+
+def digamma64(x: np.ndarray) -> np.ndarray:
+    """digamma in float64: torch's, except within 2^-10 of its zero x0, where torch's float64 loses relative accuracy
+    (2e-8 at the fp32 nearest x0): there the Taylor series about x0 to d^4 (d = x - x0 as a pair, the next term
+    below 2^-50 relative)."""
+    t = torch.from_numpy(x)
+    d = (t - X0[0]) - X0[1]
+    series = sum(torch.polygamma(k, torch.tensor(X0[0], dtype=torch.float64)) * d ** k / math.factorial(k)
+                 for k in range(1, 5))
+    return torch.where(d.abs() < 2.0 ** -10, series, torch.digamma(t)).numpy()
+
+
 def sigmoid64(x: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
@@ -90,6 +104,12 @@ SWEEPS = {
                   lambda: np.concatenate([lin(-30, 30), pow2s(-149, 127.99)]), 2.6),
     ActFunc.I1E: (lambda x: torch.special.i1e(torch.from_numpy(x)).numpy(),
                   lambda: np.concatenate([lin(-30, 30), pow2s(-149, 127.99)]), 3.1),
+    # runtime/fp32gamma.py for x > 0 (test_gamma_functions_below_zero checks x < 0), around the zeros too
+    ActFunc.LGAMMA: (lambda x: torch.lgamma(torch.from_numpy(x)).numpy(),
+                     lambda: np.concatenate([lin(0, 30), pow2s(-149, 127.99, signs=(1.0,)), lin(0.99, 1.01, 200_001),
+                                             lin(1.99, 2.01, 200_001)]), 1.9),
+    ActFunc.DIGAMMA: (digamma64, lambda: np.concatenate([lin(0, 30), pow2s(-149, 127.99, signs=(1.0,)),
+                                                         lin(1.46, 1.47, 200_001)]), 1.7),
     ActFunc.EXP2: (np.exp2, lambda: np.concatenate([lin(-151, 129), pow2s(-149, 8)]), 1.0),
     ActFunc.LOG2: (np.log2, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
     ActFunc.LOG10: (np.log10, lambda: np.concatenate([pow2s(-149, 127.9999, signs=(1.0,)), lin(0.5, 2)]), 0.8),
@@ -112,6 +132,34 @@ def test_accuracy_sweep(func):
         err = ulps(got, ref_fn(x.astype(np.float64)))
     i = int(np.argmax(err))
     assert err[i] <= bound, f"{func.text}: {err[i]:.3f} ulp at x={x[i]!r} (got {got[i]!r})"
+
+
+@pytest.mark.parametrize("func, bound", [(ActFunc.LGAMMA, 3.2), (ActFunc.DIGAMMA, 4.4)], ids=["lgamma", "digamma"])
+def test_gamma_functions_below_zero(func, bound):
+    """x = -a < 0 by the reflection formulas, lgamma(x) = log(pi / (a |sin(pi a)|)) - lgamma(a) and digamma(x) =
+    digamma(1 + a) + pi cot(pi a), whose terms cancel near the functions' negative zeros: the error is bounded in
+    ulps of the larger term (elsewhere it is that many ulps of the result or fewer). Results beyond fp32 are Inf; at the
+    negative integers lgamma is Inf and digamma NaN, as torch."""
+    x = -np.concatenate([lin(2.0 ** -20, 30), pow2s(-149, 22.99, signs=(1.0,)), lin(30, 1e4)])
+    a = -x.astype(np.float64)
+    r = a - np.rint(a)
+    with np.errstate(all="ignore"):
+        if func is ActFunc.LGAMMA:
+            t1, t2 = np.log(np.pi / (a * np.abs(np.sin(np.pi * r)))), -torch.lgamma(torch.from_numpy(a)).numpy()
+        else:
+            t1, t2 = torch.digamma(torch.from_numpy(1 + a)).numpy(), np.pi / np.tan(np.pi * r)
+        want = t1 + t2
+        scale = np.minimum(np.maximum(np.abs(t1), np.abs(t2)), FMAX)
+        ulp = np.exp2(np.floor(np.log2(np.maximum(scale, 2.0 ** -126))) - 23)
+    got = ACTIVATIONS[func](x)
+    pole = r == 0
+    assert (got[pole] == INF).all() if func is ActFunc.LGAMMA else np.isnan(got[pole]).all()
+    huge = ~pole & (np.abs(want) >= ROUNDS_TO_INF)
+    assert (got[huge] == np.sign(want[huge]) * INF).all()
+    fin = ~pole & ~huge
+    err = np.abs(got[fin] - want[fin]) / ulp[fin]
+    i = int(np.argmax(err))
+    assert err[i] <= bound, f"{func.text}: {err[i]:.3f} ulp of the larger term at x={x[fin][i]!r} (got {got[fin][i]!r})"
 
 
 def test_gelu_tanh_accuracy_up_to_the_conditioning_of_its_cubic_argument():
@@ -211,6 +259,13 @@ SPECIALS = {   # x -> f(x), exact; -0.0 and +0.0 are distinct
     ActFunc.ERFCX: [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, INF), (NAN, NAN), (-9.5, INF), (1e-45, 1.0)],
     ActFunc.I0E: [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, 0.0), (NAN, NAN), (1e-45, 1.0), (-1e-45, 1.0)],
     ActFunc.I1E: [(0.0, 0.0), (-0.0, 0.0), (INF, 0.0), (-INF, -0.0), (NAN, NAN), (-1e-45, -0.0), (1e-45, 0.0)],
+    # runtime/fp32gamma.py: torch's values (lgamma finite up to 4.085e36, where eager's float lgamma is Inf from 4.037e36)
+    ActFunc.LGAMMA: [(0.0, INF), (-0.0, INF), (INF, INF), (-INF, INF), (NAN, NAN), (1.0, 0.0), (2.0, 0.0), (-1.0, INF),
+                     (-2.0, INF), (-8388608.0, INF), (-3e38, INF), (1e-45, 103.27893), (-1e-45, 103.27893),
+                     (-0.5, 1.2655121), (-2.5, -0.056243718), (4.08e36, 3.3986057e+38), (4.086e36, INF), (3e38, INF)],
+    ActFunc.DIGAMMA: [(0.0, -INF), (-0.0, INF), (INF, INF), (-INF, NAN), (NAN, NAN), (-1.0, NAN), (-2.0, NAN),
+                      (-8388608.0, NAN), (-3e38, NAN), (1e-45, -INF), (-1e-45, INF), (1.0, -0.5772157),
+                      (2.0, 0.42278433), (1e30, 69.07755), (3e38, 88.59685), (-2.5, 1.1031567)],
     # runtime/fp32round.py: exact, ties to even, the sign of x kept on zero results
     ActFunc.FLOOR: [(-0.5, -1.0), (0.5, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (-1e-45, -1.0),
                     (2.5, 2.0), (8388609.0, 8388609.0), (-8388607.5, -8388608.0)],

@@ -341,13 +341,16 @@ FLOAT64 = {
     ActFunc.TRUNC: (torch.trunc, 0), ActFunc.RINT: (torch.round, 0), ActFunc.SIGN: (torch.sign, 0),
     ActFunc.ERFINV: (torch.erfinv, 2.5), ActFunc.ERFCX: (torch.special.erfcx, 2.5),
     ActFunc.I0E: (torch.special.i0e, 2.6), ActFunc.I1E: (torch.special.i1e, 3.1),
+    ActFunc.LGAMMA: (torch.lgamma, 1.9), ActFunc.DIGAMMA: (torch.digamma, 1.7),
 }
 # inputs in each function's domain, from x in [-6, 6]
 DOMAIN = {ActFunc.LOG: lambda x: np.abs(x) + F(2.0**-10), ActFunc.SQRT: lambda x: np.abs(x) + F(2.0**-10),
           ActFunc.RSQRT: lambda x: np.abs(x) + F(2.0**-10), ActFunc.LOG2: lambda x: np.abs(x) + F(2.0**-10),
           ActFunc.LOG10: lambda x: np.abs(x) + F(2.0**-10), ActFunc.ACOSH: lambda x: np.abs(x) + F(1),
           ActFunc.ASIN: lambda x: x * F(0.99 / 6), ActFunc.ACOS: lambda x: x * F(0.99 / 6),
-          ActFunc.ATANH: lambda x: x * F(0.99 / 6), ActFunc.ERFINV: lambda x: x * F(0.99 / 6)}
+          ActFunc.ATANH: lambda x: x * F(0.99 / 6), ActFunc.ERFINV: lambda x: x * F(0.99 / 6),
+          # the bound for x > 0 (test_fp32math checks the reflection below 0)
+          ActFunc.LGAMMA: lambda x: np.abs(x) + F(2.0**-10), ActFunc.DIGAMMA: lambda x: np.abs(x) + F(2.0**-10)}
 
 
 def gelu_tanh_conditioning(x):
