@@ -122,7 +122,7 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     # reflection's larger term, not the result, near the negative zeros)
     "lgamma": (2, ("torch.lgamma({0})", "{0}.lgamma()", "torch.special.gammaln({0})")),
     "digamma": (2, ("torch.digamma({0})", "torch.special.psi({0})", "torch.polygamma(0, {0})")),
-    # random ops whose result the draws do not decide (u in [0, 1), p = 1, a range of one integer): they test
+    # random ops whose result the draws do not decide (u in (0, 1), p = 1, a range of one integer): they test
     # the random kernels, the per-call seed and the dtypes of the draws against eager, value for value
     "random": (0, ("{0} + torch.rand_like({0}).floor()", "torch.bernoulli(torch.ones_like({0})) * {0}",
                    "{0} - torch.randint_like({0}, 0, 1)")),
