@@ -37,7 +37,7 @@ from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.log import get_logger
 from trnc.passes.graph.legalize_rules import pm_whole
-from trnc.passes.graph.legalize_table import lowered
+from trnc.passes.graph.legalize_table import LAYOUT_OPS, lowered
 
 # ops trnc lowers whole (a fused trnc op exists; legalize's rule table marks them), every overload: kept out of
 # the core decomposition table
@@ -133,6 +133,16 @@ def _static_shape(val, where: str) -> tuple[int, ...]:
     return tuple(val.shape)
 
 
+def _layout(val) -> tuple | None:
+    """A fake tensor's strides and storage offset, None when unknown (no tensor value, symbolic strides)."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return tuple(int(s) for s in val.stride()), int(val.storage_offset())
+    except (TypeError, RuntimeError):
+        return None
+
+
 class _Importer:
     """Turns one fx graph into ir nodes; `values` maps each fx node to its ir node."""
 
@@ -190,6 +200,9 @@ class _Importer:
         args = pytree.tree_map(placeholder, fx_node.args)
         kwargs = pytree.tree_map(placeholder, fx_node.kwargs)
         attrs: dict[str, Any] = {"args": args, "kwargs": kwargs}
+        if str(target) in LAYOUT_OPS:   # ops that read storage: each tensor input's (strides, storage offset)
+            attrs["layouts"] = [_layout(a.meta.get("val")) for a in pytree.tree_leaves((fx_node.args, fx_node.kwargs))
+                                if isinstance(a, torch.fx.Node)]
         val = fx_node.meta.get("val")
         if isinstance(val, (tuple, list)):
             attrs["outputs"] = [(_static_shape(v, where), machine_dtype(v.dtype, where)) if isinstance(v, torch.Tensor)

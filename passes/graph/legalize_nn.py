@@ -12,7 +12,7 @@ whose torch decomposition would spell them out with expm1/log1p stay whole (`who
 Paddings: every mode maps output index j of a padded dim to an input index (or to the fill value), and that
 map becomes a `cat` of slices (runs of consecutive indices), expands of one-wide slices (a repeated edge) and
 filled slabs (free views); a negative pad is a slice. Circular padding reaches legalize as copy and
-slice_scatter (torch decomposes it before export), which are lowered here too.
+slice_scatter (torch decomposes it before export): copy here, slice_scatter in legalize_strided.py.
 
 Normalizations: group norm and training-mode batch norm (what instance norm becomes) normalize rows of a
 reshaped input with the fused row-wise `layer_norm` (fp32 statistics, as torch computes them), then apply the
@@ -29,7 +29,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import TRUNCATED_BITS, Unusable, dim_of, rule, truncated
+from trnc.passes.graph.legalize_table import TRUNCATED_BITS, Unusable, rule, truncated
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -258,20 +258,6 @@ def _copy(rw: Rewriter, n, a):
                     f"{target} as int32, and torch gives values beyond int32's range")
         src = truncated(rw, src, target)
     return rw.expand(rw.cast(src, n.dtype), n.shape)
-
-
-@rule("aten.slice_scatter.default")
-def _slice_scatter(rw: Rewriter, n, a):
-    """`input` with input[start:end] along `dim` replaced by `src`: a cat of the slices around src."""
-    x, src = a["input"], a["src"]
-    dim = dim_of(a["dim"], len(x.shape))
-    size = x.shape[dim]
-    start, end, step = slice(a["start"], a["end"], a["step"]).indices(size)   # clamped as Python slices are
-    count = len(range(start, end, step))
-    if step != 1 and count > 1:
-        rw.fail(f"with step {step} is not supported (only contiguous slices are scattered)")
-    pieces = [rw.slice(x, dim, 0, start), src, rw.slice(x, dim, start + count, size)]
-    return rw.cat([p for p in pieces if p.shape[dim]], dim, n.dtype)
 
 
 # -- normalization -----------------------------------------------------------------------------------------

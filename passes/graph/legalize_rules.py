@@ -25,6 +25,7 @@ from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math f
 from trnc.passes.graph import legalize_nn  # (registers the activation, padding and norm rules; row statistics)
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
+from trnc.passes.graph import legalize_strided  # noqa: F401  (registers as_strided, view scatters, max_unpool)
 from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
@@ -371,21 +372,6 @@ def _transpose(rw: Rewriter, n, a):
 @rule("aten.expand.default", "aten.expand_as.default")
 def _expand(rw: Rewriter, n, a):
     return rw.expand(a["input"], n.shape)
-
-
-@rule("aten.as_strided.default")
-def _as_strided(rw: Rewriter, n, a):
-    """Only the identity: the shape of a freshly computed (so contiguous) tensor with its contiguous strides, which
-    export writes after a pooling of [N, C, 1, 1] (torchvision's ConvNeXt). Any other as_strided reads its input's
-    storage, which a value of the IR does not have."""
-    x, size, stride = a["input"], tuple(a["size"]), tuple(a["stride"])
-    contiguous = [math.prod(size[d + 1:]) for d in range(len(size))]
-    fresh = x.op not in ir.OPS_MOVEMENT and x.op != "input"
-    if size != x.shape or not fresh or (a["storage_offset"] or 0) or \
-            any(s != c for s, c, d in zip(stride, contiguous, size) if d != 1):
-        rw.fail(f"with size {list(size)}, stride {list(stride)} of a {list(x.shape)} value: only the identity of a "
-                "computed tensor is supported")
-    return x
 
 
 @rule("aten.repeat.default")

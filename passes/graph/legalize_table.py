@@ -23,6 +23,8 @@ pm_legalize: dict[str, Callable] = {}
 # The ops whose rule lowers them whole, to one fused trnc op, where torch's core decompositions would spell them
 # out in smaller ops: capture keeps every overload of these out of its decomposition table.
 pm_whole: set[str] = set()
+# The ops that read their input's storage (as_strided): capture records each tensor input's layout for them
+LAYOUT_OPS = frozenset({"aten.as_strided.default", "aten.as_strided_copy.default", "aten.as_strided_scatter.default"})
 
 
 @dataclass(frozen=True)

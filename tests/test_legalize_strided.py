@@ -1,0 +1,140 @@
+"""The rules of passes/graph/legalize_strided.py compiled end to end (trnc.compile, the JIT) against eager:
+as_strided (overlapping, offset, of a computed and of a transposed value), as_strided_scatter, slice_scatter with
+steps, max_unpool1d/2d/3d (duplicates, NaN and infinities, an index out of range) and new_empty_strided, and the
+refusals that name the op.
+
+Tolerance: none. Every op here only moves values (a gather at a constant index, a select, a cat of slices, a
+scatter whose one selected value per element passes through an exact max), so results must equal eager bit for
+bit, signed zeros and NaN included.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trnc
+from modules import Fn
+from trnc.errors import TrncError, UnsupportedOpError
+
+
+def compiled(fn, *xs):
+    return trnc.compile(Fn(fn).eval(), xs, cache=False)
+
+
+def equal_to_eager(fn, *xs):
+    got, ref = compiled(fn, *xs)(*xs), fn(*xs)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+    if ref.dtype.is_floating_point:
+        assert torch.equal(got.signbit() | got.isnan(), ref.signbit() | ref.isnan())
+
+
+@pytest.mark.parametrize("shape, size, stride, offset", [
+    ((3, 3), (2, 2), (1, 2), 0), ((3, 3), (2, 2), (1, 2), 1), ((16,), (2, 2, 2, 2), (1, 1, 1, 1), 0),
+    ((16,), (2, 1, 1, 2), (1, 7, 7, 1), 0), ((10,), (4, 3), (2, 1), None), ((6, 5), (5, 6), (1, 5), 0),
+    ((1,), (1,), (1,), 0), ((4,), (3, 2), (0, 1), 2), ((2, 3, 4), (24,), (1,), 0), ((5,), (0, 3), (1, 1), 0)])
+def test_as_strided_reads_the_storage_as_eager(shape, size, stride, offset):
+    torch.manual_seed(1701)
+    x = torch.randn(*shape)
+    x.view(-1)[0] = -0.0
+    equal_to_eager(lambda x: torch.as_strided(x, size, stride, offset), x)
+    equal_to_eager(lambda x: torch.ops.aten.as_strided_copy(x, size, stride, offset), x)
+
+
+def test_as_strided_of_computed_and_transposed_values():
+    torch.manual_seed(1702)
+    x = torch.randn(3, 4)
+    equal_to_eager(lambda x: (x * 2).as_strided((2, 3), (3, 1), 2), x)
+    equal_to_eager(lambda x: (x * 2).t().as_strided((3, 2), (1, 3), 1), x)
+    equal_to_eager(lambda x: (x + 1)[1:].as_strided((2, 2), (1, 4)), x)   # offset 4: the view's own
+
+
+def test_as_strided_refusals_name_the_op():
+    torch.manual_seed(1703)
+    x = torch.randn(8)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.as_strided\.default .* reads storage outside"):
+        compiled(lambda x: x[2:6].as_strided((2,), (1,), 0), x)
+    n = torch.randint(0, 100, (8,), dtype=torch.int32)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.as_strided\.default .*int32"):
+        compiled(lambda n: (n + 1).as_strided((2, 2), (1, 2)), n)
+
+
+@pytest.mark.parametrize("shape, src_shape, stride, offset", [
+    ((1,), (), (), 0), ((3, 3), (2, 2), (1, 2), 1), ((3, 3), (2, 2), (2, 1), 0),
+    ((16,), (2, 2, 2, 2), (8, 4, 2, 1), 0), ((16,), (2, 1, 1, 2), (1, 2, 4, 8), 0), ((4, 5), (0, 2), (1, 1), 0),
+    ((6,), (2,), (3,), 2)])
+def test_as_strided_scatter_as_eager(shape, src_shape, stride, offset):
+    torch.manual_seed(1704)
+    x, src = torch.randn(shape), torch.randn(src_shape)
+    src.view(-1)[:1] = float("nan")
+    equal_to_eager(lambda x, s: torch.as_strided_scatter(x, s, src_shape, stride, offset), x, src)
+
+
+def test_as_strided_scatter_refuses_overlaps():
+    x, src = torch.randn(6), torch.randn(2, 2)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.as_strided_scatter\.default .* writes some elements twice"):
+        compiled(lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 1)), x, src)
+
+
+@pytest.mark.parametrize("dim, start, end, step", [(0, 0, 6, 2), (0, 1, 8, 3), (1, 0, None, 2), (-1, 2, 5, 4),
+                                                   (0, 7, 8, 5), (1, 4, 2, 2), (0, None, None, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_slice_scatter_with_steps_as_eager(dim, start, end, step, dtype):
+    torch.manual_seed(1705)
+    x = torch.randn(8, 5)
+    idx = range(*slice(start, end, step).indices(x.shape[dim]))
+    src_shape = list(x.shape)
+    src_shape[dim] = len(idx)
+    src = torch.randn(*src_shape)
+    if dtype is torch.int32:   # values past 256 (where bf16 would round): moved, never computed
+        x, src = (x * 2 ** 20).to(dtype), (src * 2 ** 20).to(dtype)
+    elif dtype is torch.bool:
+        x, src = x > 0, src > 0
+    equal_to_eager(lambda x, s: torch.slice_scatter(x, s, dim, start, end, step), x, src)
+
+
+def _pooled(shape, kernel, stride, pool):
+    x = torch.randn(*shape)
+    x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    return pool(x, kernel, stride, return_indices=True)
+
+
+@pytest.mark.parametrize("pool, unpool, shape, kernel, stride, out", [
+    (F.max_pool1d, F.max_unpool1d, (2, 3, 9), 3, 2, None),
+    (F.max_pool1d, F.max_unpool1d, (3, 8), 2, 2, (9,)),
+    (F.max_pool2d, F.max_unpool2d, (2, 3, 6, 8), 2, 2, None),
+    (F.max_pool2d, F.max_unpool2d, (1, 2, 5, 5), 3, 1, (5, 5)),
+    (F.max_pool3d, F.max_unpool3d, (1, 2, 4, 4, 6), 2, 2, None),
+    (F.max_pool3d, F.max_unpool3d, (2, 3, 5, 4), 2, 1, None)])
+def test_max_unpool_as_eager(pool, unpool, shape, kernel, stride, out):
+    torch.manual_seed(1706)
+    y, index = _pooled(shape, kernel, stride, pool)
+    equal_to_eager(lambda y, i: unpool(y, i, kernel, stride, output_size=out), y, index)
+
+
+def test_max_unpool_duplicates_take_the_last_and_out_of_range_faults():
+    torch.manual_seed(1707)
+    y = torch.randn(2, 2, 5)
+    index = torch.tensor([[[0, 3, 3, 5, 3], [7, 7, 7, 1, 0]], [[1, 1, 2, 2, 2], [0, 9, 9, 4, 4]]])
+    fn = lambda y, i: F.max_unpool1d(y, i, 2, output_size=(10,))   # noqa: E731
+    equal_to_eager(fn, y, index)
+    model = compiled(fn, y, index)
+    bad = index.clone()
+    bad[1, 0, 2] = 10
+    with pytest.raises(RuntimeError, match="invalid max index"):
+        fn(y, bad)
+    with pytest.raises(TrncError, match="gather index 10 .* outside"):
+        model(y, bad)
+
+
+def test_max_unpool_of_an_empty_input():
+    y, index = torch.randn(0, 2, 3), torch.zeros(0, 2, 3, dtype=torch.int64)
+    equal_to_eager(lambda y, i: F.max_unpool1d(y, i, 2), y, index)
+
+
+@pytest.mark.parametrize("size, stride, dtype", [((2, 3), (7, 8), torch.float32), ((), (), None),
+                                                 ((4, 0), (1, 1), torch.int32)])
+def test_new_empty_strided_is_zeros_of_the_size_and_dtype(size, stride, dtype):
+    x = torch.randn(5)
+    fn = lambda x: x.new_empty_strided(size, stride, dtype=dtype) + 0   # noqa: E731
+    got, ref = compiled(fn, x)(x), fn(x)
+    assert got.shape == ref.shape and got.dtype == ref.dtype and not got.any()
