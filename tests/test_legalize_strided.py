@@ -138,3 +138,16 @@ def test_new_empty_strided_is_zeros_of_the_size_and_dtype(size, stride, dtype):
     fn = lambda x: x.new_empty_strided(size, stride, dtype=dtype) + 0   # noqa: E731
     got, ref = compiled(fn, x)(x), fn(x)
     assert got.shape == ref.shape and got.dtype == ref.dtype and not got.any()
+
+
+def test_a_call_with_another_layout_is_refused(tmp_path):
+    torch.manual_seed(1708)
+    fn = lambda x: torch.as_strided(x, (2, 2), (1, 2), 1)   # noqa: E731
+    x, transposed = torch.randn(3, 4), torch.randn(4, 3).t()
+    model = compiled(fn, x)
+    model.save(tmp_path / "m.trnc")
+    for m in (model, trnc.load(tmp_path / "m.trnc")):
+        assert torch.equal(m(x), fn(x))
+        with pytest.raises(TrncError, match=r"input 0 has strides \[1, 3\] .* reads storage \(as_strided\)"):
+            m(transposed)
+    equal_to_eager(fn, transposed)   # compiled for that layout: its storage order

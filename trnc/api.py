@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from trnc import artifact, compile_cache
-from trnc.capture import capture
+from trnc.capture import capture, layout_of
 from trnc.dtypes import numpy_of, tensor_of
 from trnc.errors import TrncError
 from trnc.isa.config import get_target
@@ -183,10 +183,15 @@ class CompiledModel:
         if len(leaves) != len(self.inputs):
             raise TrncError(f"called with {len(leaves)} tensors; the model was compiled for {len(self.inputs)}")
         feed = dict(self.constants)
+        layouts = getattr(self.info, "input_layouts", None)
         for i, (t, decl) in enumerate(zip(leaves, self.inputs)):
             if tuple(t.shape) != decl.shape:
                 raise TrncError(f"input {i} has shape {list(t.shape)}; it was compiled for {list(decl.shape)} "
                                 "(shapes are static: compile again for new shapes)")
+            if layouts and layouts[i] is not None and layout_of(t) != tuple(layouts[i]):
+                raise TrncError(f"input {i} has strides {list(t.stride())} and storage offset {t.storage_offset()}; "
+                                f"the model reads storage (as_strided) and was compiled for the layout {layouts[i]} "
+                                "(call with that layout, or compile again)")
             if decl.dtype is DType.INT32 and t.numel() and max(int(t.max()), -int(t.min())) >= FP32_EXACT_INTEGERS:
                 raise TrncError(f"input {i} holds integers of magnitude 2^24 or more: the engines compare and "
                                 "compute integers in fp32, exactly only below 2^24 (compute in float, or keep "

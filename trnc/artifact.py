@@ -91,6 +91,7 @@ class ArtifactInfo:
     input_shapes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple
     trnc_version: str
+    input_layouts: tuple | None = None   # CaptureInfo's: each input's (strides, storage offset), checked per call
 
 
 # -- writing -----------------------------------------------------------------------------------------------
@@ -108,6 +109,7 @@ def save(record: Record, path: Path) -> None:
               "in_spec": _spec_json(getattr(info, "in_spec", None), "input"),
               "input_leaves": _leaves_json(getattr(info, "input_leaves", None)),
               "out_spec": _spec_json(info.out_spec, "output"),
+              "input_layouts": _layouts_json(getattr(info, "input_layouts", None)),
               "stats": _stats_json(record.stats), "sections": []}
     if header["in_spec"] is None:
         header["input_leaves"] = None
@@ -148,6 +150,10 @@ def _signature_json(decls, torch_dtypes) -> list[dict]:
 
 def _leaves_json(leaves) -> list[int] | None:
     return None if leaves is None else [int(i) for i in leaves]
+
+
+def _layouts_json(layouts) -> list | None:
+    return None if layouts is None else [None if x is None else [[int(s) for s in x[0]], int(x[1])] for x in layouts]
 
 
 def _spec_json(spec, what: str):
@@ -398,7 +404,7 @@ def _load(data: bytes, trusted: bool) -> Record:
         raise _Bad(f"header out_spec has {out_spec.num_leaves} leaves; the program has {len(outputs)} outputs")
     info = ArtifactInfo(in_spec, out_spec, leaves, tuple(t for _, t in inputs),
                         tuple(tuple(d.shape) for d, _ in inputs), tuple(t for _, t in outputs),
-                        header["trnc_version"])
+                        header["trnc_version"], _input_layouts(header.get("input_layouts"), inputs))
     return Record(program, constants, info, options, header["stats"] if trusted else _stats(program, header))
 
 
@@ -565,6 +571,24 @@ def _spec(value, key: str):
     except Exception as e:   # torch raises assorted types for specs whose contexts do not fit their nodes
         raise _Bad(f"header {key} is not a valid pytree spec ({type(e).__name__}: {e})") from None
     return spec
+
+
+def _input_layouts(layouts, inputs) -> tuple | None:
+    """The optional header input_layouts: None, or per input None or [strides of its rank, storage offset]."""
+    if layouts is None:
+        return None
+
+    def layout(x, decl) -> tuple | None:
+        if x is None:
+            return None
+        if not (isinstance(x, list) and len(x) == 2 and isinstance(x[0], list) and len(x[0]) == len(decl.shape)
+                and all(type(v) is int for v in x[0] + [x[1]])):
+            raise _Bad(f"header input_layouts entries must be null or [strides of the input's rank, storage offset], "
+                       f"got {json.dumps(x)[:60]}")
+        return tuple(x[0]), x[1]
+    if not isinstance(layouts, list) or len(layouts) != len(inputs):
+        raise _Bad(f"header input_layouts must be null or a list of {len(inputs)} layouts")
+    return tuple(layout(x, decl) for x, (decl, _) in zip(layouts, inputs))
 
 
 def _input_leaves(leaves: list[int] | None, in_spec, inputs: int) -> tuple[int, ...] | None:

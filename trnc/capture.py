@@ -68,6 +68,8 @@ class CaptureInfo:
     `in_spec` is the pytree spec of `(args, kwargs)`; of its flattened leaves, those at `input_leaves`
     are the graph's inputs in order (the others are Python values fixed at capture). `out_spec` rebuilds
     the model's output (tensor, tuple, dict, Hugging Face ModelOutput) from the graph's outputs.
+    `input_layouts` (None unless the graph reads storage: as_strided) holds each input's (strides, storage offset)
+    as captured; a call with other layouts is refused, as eager's as_strided would read other elements.
     """
 
     in_spec: pytree.TreeSpec
@@ -76,6 +78,7 @@ class CaptureInfo:
     input_dtypes: tuple[torch.dtype, ...]
     input_shapes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple[torch.dtype, ...]
+    input_layouts: tuple | None = None
 
 
 def decomposition_table() -> dict:
@@ -133,12 +136,13 @@ def _static_shape(val, where: str) -> tuple[int, ...]:
     return tuple(val.shape)
 
 
-def _layout(val) -> tuple | None:
-    """A fake tensor's strides and storage offset, None when unknown (no tensor value, symbolic strides)."""
+def layout_of(val) -> tuple | None:
+    """A tensor's strides (0 along dims of size 1, which address nothing) and storage offset, None when unknown (no
+    tensor value, symbolic strides)."""
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        return tuple(int(s) for s in val.stride()), int(val.storage_offset())
+        return tuple(int(s) if n > 1 else 0 for s, n in zip(val.stride(), val.shape)), int(val.storage_offset())
     except (TypeError, RuntimeError):
         return None
 
@@ -151,6 +155,8 @@ class _Importer:
         self.values: dict[torch.fx.Node, ir.Node] = {}
         self.inputs: list[ir.Node] = []
         self.input_dtypes: list[torch.dtype] = []
+        self.input_layouts: list = []
+        self.reads_layout = False   # a LAYOUT_OPS node: calls must pass inputs of the captured layouts
 
     def add(self, node: ir.Node, fx_node: torch.fx.Node) -> None:
         self.nodes.append(node)
@@ -165,6 +171,7 @@ class _Importer:
                        {"index": len(self.inputs)}, name=_sanitize(fx_node.name))
         self.inputs.append(node)
         self.input_dtypes.append(val.dtype)
+        self.input_layouts.append(layout_of(val))
         self.add(node, fx_node)
 
     def const(self, fx_node: torch.fx.Node, name: str, value: torch.Tensor) -> None:
@@ -201,7 +208,8 @@ class _Importer:
         kwargs = pytree.tree_map(placeholder, fx_node.kwargs)
         attrs: dict[str, Any] = {"args": args, "kwargs": kwargs}
         if str(target) in LAYOUT_OPS:   # ops that read storage: each tensor input's (strides, storage offset)
-            attrs["layouts"] = [_layout(a.meta.get("val")) for a in pytree.tree_leaves((fx_node.args, fx_node.kwargs))
+            self.reads_layout = True
+            attrs["layouts"] = [layout_of(a.meta.get("val")) for a in pytree.tree_leaves((fx_node.args, fx_node.kwargs))
                                 if isinstance(a, torch.fx.Node)]
         val = fx_node.meta.get("val")
         if isinstance(val, (tuple, list)):
@@ -336,7 +344,8 @@ def _capture_graph_module(gm: torch.fx.GraphModule, args: tuple) -> tuple[ir.Gra
 
 def _info(in_spec, out_spec, leaves, imp: _Importer, output_dtypes) -> CaptureInfo:
     return CaptureInfo(in_spec=in_spec, out_spec=out_spec, input_leaves=leaves, input_dtypes=tuple(imp.input_dtypes),
-                       input_shapes=tuple(n.shape for n in imp.inputs), output_dtypes=output_dtypes)
+                       input_shapes=tuple(n.shape for n in imp.inputs), output_dtypes=output_dtypes,
+                       input_layouts=tuple(imp.input_layouts) if imp.reads_layout else None)
 
 
 def capture(model, example_inputs, example_kwargs=None, *, decompose: bool | None = None

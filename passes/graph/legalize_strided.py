@@ -8,8 +8,9 @@ storage positions [offset, offset + numel) once each: contiguous, or any permuta
 holds the element whose layout position is p, so the result is a row gather of the flat input at a constant
 index computed now with numpy-like torch index math (offset + sum_i idx_i * stride_i, overlaps allowed); a read
 outside the input's elements (another view's storage, an unknown layout) is refused naming the op. The identity
-is a reshape. A model compiled with trnc.compile reads its inputs as values: the layout is the example's (the
-torch.compile backend recompiles on new strides, as dynamo guards them).
+is a reshape. The layouts are the example inputs': a graph with such an op records every input's layout
+(CaptureInfo.input_layouts, kept in artifacts), and a call with other strides or storage offset is refused
+(trnc/api.py), as eager would read other elements (the torch.compile backend never sees one: dynamo guards strides).
 
 as_strided_scatter writes src at the same positions of a clone of the input (contiguous, offset 0: torch's
 kernel clones, and the rule refuses a non-contiguous input): for each output element, a constant says whether a
