@@ -69,10 +69,21 @@ def test_as_strided_scatter_as_eager(shape, src_shape, stride, offset):
     equal_to_eager(lambda x, s: torch.as_strided_scatter(x, s, src_shape, stride, offset), x, src)
 
 
-def test_as_strided_scatter_refuses_overlaps():
-    x, src = torch.randn(6), torch.randn(2, 2)
+def test_as_strided_scatter_into_transposed_and_offset_values():
+    torch.manual_seed(1709)
+    x, src, pair = torch.randn(3, 4), torch.randn(2, 2), torch.randn(2)
+    # eager's result keeps the input's strides and storage offset: positions address the input's own storage
+    equal_to_eager(lambda x, s: torch.as_strided_scatter((x * 2).t(), s, (2, 2), (1, 2), 1), x, src)
+    equal_to_eager(lambda x, s: torch.as_strided_scatter((x + 1)[1:], s, (2,), (3,)), x, pair)
+    equal_to_eager(lambda x, s: torch.as_strided_scatter((x + 1)[1:], s, (2,), (2,), 5), x, pair)
+
+
+def test_as_strided_scatter_refusals_name_the_op():
+    x, src, pair = torch.randn(6), torch.randn(2, 2), torch.randn(2)
     with pytest.raises(UnsupportedOpError, match=r"aten\.as_strided_scatter\.default .* writes some elements twice"):
         compiled(lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 1)), x, src)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.as_strided_scatter\.default .* outside the input's elements"):
+        compiled(lambda x, s: torch.as_strided_scatter(x[2:], s, (2,), (3,), 0), x, pair)
 
 
 @pytest.mark.parametrize("dim, start, end, step", [(0, 0, 6, 2), (0, 1, 8, 3), (1, 0, None, 2), (-1, 2, 5, 4),

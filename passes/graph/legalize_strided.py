@@ -12,10 +12,12 @@ is a reshape. The layouts are the example inputs': a graph with such an op recor
 (CaptureInfo.input_layouts, kept in artifacts), and a call with other strides or storage offset is refused
 (trnc/api.py), as eager would read other elements (the torch.compile backend never sees one: dynamo guards strides).
 
-as_strided_scatter writes src at the same positions of a clone of the input (contiguous, offset 0: torch's
-kernel clones, and the rule refuses a non-contiguous input): for each output element, a constant says whether a
-position writes it and which src element; the result is a select between the input and a gather of the flat src.
-Overlapping positions are refused by name (eager's copy into an overlapping view has no defined order).
+as_strided_scatter writes src at the same storage positions of a copy of the input, which in eager keeps the
+input's strides and storage offset (measured: a transposed input, an input at offset 5); a dense layout maps
+each position to an element as above: for each output element, a constant says whether a position writes it and
+which src element, and the result is a select between the input and a gather of the flat src. A write outside
+the input's elements (eager drops it in storage no element shows, or raises), a non-dense layout and overlapping
+positions (eager's copy into an overlapping view has no defined order) are refused by name.
 
 slice_scatter with step s: the span x[start : start + s * count] viewed [count, s] along the dim, its column 0
 replaced by src (a cat), viewed back: movements only, exact for every dtype.
@@ -95,26 +97,26 @@ def _as_strided(rw: Rewriter, n, a):
 
 @rule("aten.as_strided_scatter.default")
 def _as_strided_scatter(rw: Rewriter, n, a):
-    """A clone of the input with src written at the view's positions: select(written, gather(src), input)."""
+    """A copy of the input (eager's keeps its strides and storage offset) with src written at the view's storage
+    positions: select(written, gather(src), input), both constants saying where and which src element."""
     x, src, size, stride = a["input"], a["src"], tuple(a["size"]), tuple(a["stride"])
-    layout = _layout(rw, n)
-    numel = math.prod(x.shape)
-    if layout is None or not torch.empty_strided(x.shape, layout[0]).is_contiguous():
-        rw.fail("of a non-contiguous (or unknown layout) input is not supported (torch's clone keeps its strides)")
-    offset = a.get("storage_offset") or 0
-    pos = _positions(size, stride, offset).reshape(-1)
+    table, base = _element_at(rw, n, x.shape, _layout(rw, n))
+    offset = base if a.get("storage_offset") is None else a["storage_offset"]
+    numel = table.numel()
+    pos = _positions(size, stride, offset - base).reshape(-1)
     if pos.numel() and bool(((pos < 0) | (pos >= numel)).any()):
         rw.fail(f"with size {list(size)}, stride {list(stride)}, storage offset {offset} of a {list(x.shape)} input "
-                "writes outside it (torch raises)")
+                f"at storage offset {base} is not supported: it writes storage outside the input's elements")
     if pos.unique().numel() != pos.numel():
         rw.fail(f"with size {list(size)}, stride {list(stride)} writes some elements twice: eager's copy into an "
                 "overlapping view has no defined order")
     if not pos.numel():
         return rw.cast(x, n.dtype)
+    element = table[pos]
     written = torch.zeros(numel, dtype=torch.bool)
-    written[pos] = True
+    written[element] = True
     which = torch.zeros(numel, dtype=torch.int64)
-    which[pos] = torch.arange(pos.numel())
+    which[element] = torch.arange(pos.numel())
     values = take(rw, rw.reshape(rw.cast(src, n.dtype), (pos.numel(),)), 0, rw.const(which, DType.INT32))
     mask = rw.const(written, DType.UINT8)
     return rw.reshape(rw.where(mask, values, rw.reshape(x, (numel,)), n.dtype), x.shape)
