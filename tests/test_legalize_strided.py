@@ -162,3 +162,9 @@ def test_a_call_with_another_layout_is_refused(tmp_path):
         with pytest.raises(TrncError, match=r"input 0 has strides \[1, 3\] .* reads storage \(as_strided\)"):
             m(transposed)
     equal_to_eager(fn, transposed)   # compiled for that layout: its storage order
+
+
+def test_max_unpool_past_the_one_hot_limit_is_refused_by_name():
+    y, index = F.max_pool2d(torch.randn(1, 4, 128, 128), 2, 2, return_indices=True)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.max_unpool2d\.default is not supported at this size"):
+        compiled(lambda y, i: F.max_unpool2d(y, i, 2, 2), y, index)
