@@ -143,7 +143,7 @@ def test_max_unpool_of_an_empty_input():
 
 
 @pytest.mark.parametrize("size, stride, dtype", [((2, 3), (7, 8), torch.float32), ((), (), None),
-                                                 ((4, 0), (1, 1), torch.int32)])
+                                                 ((4, 0), (1, 1), torch.int32), ((2, 3), (3, 1), torch.float64)])
 def test_new_empty_strided_is_zeros_of_the_size_and_dtype(size, stride, dtype):
     x = torch.randn(5)
     fn = lambda x: x.new_empty_strided(size, stride, dtype=dtype) + 0   # noqa: E731
