@@ -168,3 +168,28 @@ def test_max_unpool_past_the_one_hot_limit_is_refused_by_name():
     y, index = F.max_pool2d(torch.randn(1, 4, 128, 128), 2, 2, return_indices=True)
     with pytest.raises(UnsupportedOpError, match=r"aten\.max_unpool2d\.default is not supported at this size"):
         compiled(lambda y, i: F.max_unpool2d(y, i, 2, 2), y, index)
+
+
+class _Strided(torch.nn.Module):
+    """as_strided of a transposed parameter and of an int64 buffer, and an input the view does not read."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3).t())
+        self.register_buffer("ids", torch.arange(12).reshape(3, 4))
+
+    def forward(self, x, y):
+        ids = self.ids.as_strided((2, 3), (1, 4), 1)
+        return x + self.w.as_strided((3, 4), (4, 1)), ids * 2, y * 3
+
+
+def test_as_strided_of_constants_reads_their_layout_and_guards_only_its_inputs():
+    torch.manual_seed(1710)
+    model = _Strided().eval()
+    x, y = torch.randn(3, 4), torch.randn(2, 5)
+    compiled_model = trnc.compile(model, (x, y), cache=False)
+    assert compiled_model.info.input_layouts is None   # the views read parameters, not inputs
+    y_transposed = y.t().contiguous().t()   # the same values, other strides: allowed, the views do not read y
+    for args in ((x, y), (x, y_transposed)):
+        for g, r in zip(compiled_model(*args), model(*args)):
+            assert g.dtype == r.dtype and torch.equal(g, r)

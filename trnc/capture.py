@@ -68,8 +68,9 @@ class CaptureInfo:
     `in_spec` is the pytree spec of `(args, kwargs)`; of its flattened leaves, those at `input_leaves`
     are the graph's inputs in order (the others are Python values fixed at capture). `out_spec` rebuilds
     the model's output (tensor, tuple, dict, Hugging Face ModelOutput) from the graph's outputs.
-    `input_layouts` (None unless the graph reads storage: as_strided) holds each input's (strides, storage offset)
-    as captured; a call with other layouts is refused, as eager's as_strided would read other elements.
+    `input_layouts` (None unless the graph reads storage: as_strided) holds the (strides, storage offset) of each
+    input that op's argument derives from, as captured (None for the others); a call with other layouts is
+    refused, as eager's as_strided would read other elements.
     """
 
     in_spec: pytree.TreeSpec
@@ -156,7 +157,8 @@ class _Importer:
         self.inputs: list[ir.Node] = []
         self.input_dtypes: list[torch.dtype] = []
         self.input_layouts: list = []
-        self.reads_layout = False   # a LAYOUT_OPS node: calls must pass inputs of the captured layouts
+        self.layout_inputs: set[int] = set()   # inputs a LAYOUT_OPS node's arguments derive from
+        self.input_of: dict[torch.fx.Node, int] = {}
 
     def add(self, node: ir.Node, fx_node: torch.fx.Node) -> None:
         self.nodes.append(node)
@@ -172,6 +174,7 @@ class _Importer:
         self.inputs.append(node)
         self.input_dtypes.append(val.dtype)
         self.input_layouts.append(layout_of(val))
+        self.input_of[fx_node] = len(self.inputs) - 1
         self.add(node, fx_node)
 
     def const(self, fx_node: torch.fx.Node, name: str, value: torch.Tensor) -> None:
@@ -208,7 +211,7 @@ class _Importer:
         kwargs = pytree.tree_map(placeholder, fx_node.kwargs)
         attrs: dict[str, Any] = {"args": args, "kwargs": kwargs}
         if str(target) in LAYOUT_OPS:   # ops that read storage: each tensor input's (strides, storage offset)
-            self.reads_layout = True
+            self._depends_on_layouts(fx_node)
             attrs["layouts"] = [layout_of(a.meta.get("val")) for a in pytree.tree_leaves((fx_node.args, fx_node.kwargs))
                                 if isinstance(a, torch.fx.Node)]
         val = fx_node.meta.get("val")
@@ -224,6 +227,17 @@ class _Importer:
             attrs["float64"] = True   # legalize refuses it unless it computes it as a constant
         self.add(ir.Node(str(target), tuple(inputs), shape, dtype, attrs, _sanitize(fx_node.name), source,
                          module_of(fx_node.meta.get("nn_module_stack"))), fx_node)
+
+    def _depends_on_layouts(self, fx_node: torch.fx.Node) -> None:
+        """Mark the inputs `fx_node` derives from: their layouts decide its arguments' (calls must keep them)."""
+        stack, seen = list(fx_node.all_input_nodes), set()
+        while stack:
+            a = stack.pop()
+            if a not in seen:
+                seen.add(a)
+                if a in self.input_of:
+                    self.layout_inputs.add(self.input_of[a])
+                stack.extend(a.all_input_nodes)
 
     def outputs(self, output_node: torch.fx.Node) -> tuple[list[ir.Node], tuple[torch.dtype, ...]]:
         """The output nodes and their torch dtypes."""
@@ -345,7 +359,14 @@ def _capture_graph_module(gm: torch.fx.GraphModule, args: tuple) -> tuple[ir.Gra
 def _info(in_spec, out_spec, leaves, imp: _Importer, output_dtypes) -> CaptureInfo:
     return CaptureInfo(in_spec=in_spec, out_spec=out_spec, input_leaves=leaves, input_dtypes=tuple(imp.input_dtypes),
                        input_shapes=tuple(n.shape for n in imp.inputs), output_dtypes=output_dtypes,
-                       input_layouts=tuple(imp.input_layouts) if imp.reads_layout else None)
+                       input_layouts=_layouts(imp))
+
+
+def _layouts(imp: _Importer) -> tuple | None:
+    """The captured layouts of the inputs an op that reads storage depends on (None for the others), or None."""
+    if not imp.layout_inputs:
+        return None
+    return tuple(v if i in imp.layout_inputs else None for i, v in enumerate(imp.input_layouts))
 
 
 def capture(model, example_inputs, example_kwargs=None, *, decompose: bool | None = None

@@ -31,12 +31,13 @@ from trnc.ir import TensorArg
 from trnc.isa.dtypes import DType
 from trnc.passes.graph.fold import too_big_to_fold
 from trnc.passes.graph.legalize_rules import pm_legalize
-from trnc.passes.graph.legalize_table import COMPARE_OPS, Unusable
+from trnc.passes.graph.legalize_table import COMPARE_OPS, LAYOUT_OPS, Unusable
 
 CSE_CONST_ELEMENTS = 1024   # consts up to this size are shared by value
-# creation ops whose values are undefined: lowered to zeros by their rule, never computed with torch
+# creation ops whose values are undefined: lowered to zeros by their rule, never computed with torch; and the ops
+# that read storage, which torch would read from the constant's contiguous copy, not the parameter's layout
 _NO_EVAL = frozenset({"aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default",
-                      "aten.empty_strided.default", "aten.empty_permuted.default"})
+                      "aten.empty_strided.default", "aten.empty_permuted.default"}) | LAYOUT_OPS
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,9 +8,11 @@ storage positions [offset, offset + numel) once each: contiguous, or any permuta
 holds the element whose layout position is p, so the result is a row gather of the flat input at a constant
 index computed now with numpy-like torch index math (offset + sum_i idx_i * stride_i, overlaps allowed); a read
 outside the input's elements (another view's storage, an unknown layout) is refused naming the op. The identity
-is a reshape. The layouts are the example inputs': a graph with such an op records every input's layout
-(CaptureInfo.input_layouts, kept in artifacts), and a call with other strides or storage offset is refused
-(trnc/api.py), as eager would read other elements (the torch.compile backend never sees one: dynamo guards strides).
+is a reshape; of a constant (a parameter, whose layout may be a transpose), torch computes it now through the
+same index (legalize does not evaluate these ops on the constant's contiguous copy). The layouts are the example
+inputs': capture records the layout of each input such an op's argument derives from (CaptureInfo.input_layouts,
+kept in artifacts), and a call with other strides or storage offset is refused (trnc/api.py), as eager would read
+other elements (the torch.compile backend never sees one: dynamo guards strides).
 
 as_strided_scatter writes src at the same storage positions of a copy of the input, which in eager keeps the
 input's strides and storage offset (measured: a transposed input, an input at offset 5); a dense layout maps
@@ -89,6 +91,8 @@ def _as_strided(rw: Rewriter, n, a):
         rw.fail(f"with size {list(size)}, stride {list(stride)}, storage offset {offset} of a {list(x.shape)} value "
                 f"at storage offset {base} is not supported: it reads storage outside the value's elements")
     index = table[pos]
+    if x.op == "const":   # computed now, exactly in the constant's own dtype (legalize leaves LAYOUT_OPS to the rule)
+        return rw.const(rw.torch_value(x, rw.torch_dtype(x)).reshape(-1)[index], n.dtype)
     flat = rw.reshape(x, (numel,))
     if torch.equal(index.reshape(-1), torch.arange(index.numel())):   # the elements in order: a reshape
         return rw.reshape(rw.slice(flat, 0, 0, index.numel()), size)
@@ -117,6 +121,10 @@ def _as_strided_scatter(rw: Rewriter, n, a):
     written[element] = True
     which = torch.zeros(numel, dtype=torch.int64)
     which[element] = torch.arange(pos.numel())
+    if x.op == "const" and src.op == "const":
+        out = rw.torch_value(x, rw.torch_dtype(x)).reshape(-1).clone()
+        out[element] = rw.torch_value(src, rw.torch_dtype(src)).reshape(-1).to(out.dtype)
+        return rw.const(out.reshape(x.shape), n.dtype)
     values = take(rw, rw.reshape(rw.cast(src, n.dtype), (pos.numel(),)), 0, rw.const(which, DType.INT32))
     mask = rw.const(written, DType.UINT8)
     return rw.reshape(rw.where(mask, values, rw.reshape(x, (numel,)), n.dtype), x.shape)
