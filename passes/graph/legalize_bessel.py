@@ -23,12 +23,11 @@ round the phase x - c, ulp(x) / 2 times the amplitude), so that is the measure t
     (3.0e-6), the phase's rounding;
   - k0, k1, scaled k0, scaled k1: 9.1 (11.8), 6.2 (7.2), 10 (15), 4.9 (5.5) ulp (normal results, x up to 104 and
     1e4 scaled); k0 stays finite for subnormal x as eager's (which takes log(x / 2) in double);
-  - spherical_bessel_j0: 1.5 (1.5) ulp where |f| >= 0.1, 9.3e-9 (9.1e-9) absolute below, |x| <= 10; 6.6e-9
-    (5.8e-9) absolute to 1e4;
+  - spherical_bessel_j0: 1.6 (1.5) ulp on [-1e4, 1e4], zeros included (sin reduces exactly, x is exact);
   - airy_ai: 236 (225) ulp on [-2.09, 2.09], where the series' 0.355 f - 0.259 g cancels towards 2.09; 148 (148) ulp
     on [2.09, 104) (normal results); below -2.09 730 (730) ulp where |Ai| >= 0.05 and 2.8e-6 (2.8e-6) absolute to
     -25, 2.2e-4 (2.2e-4) absolute to -1000 (the phase 2/3 |x|^1.5 rounded);
-  - ndtri: 5.1 (4.0) ulp where |result| >= 0.02, 2e-9 (2e-9) absolute near y = 1/2.
+  - ndtri: 5.1 (4.0) ulp on (0, 1), its zero at 1/2 included (y - 1/2 is exact).
 The differences from eager (a few ulp, more where a form cancels) come from rounding alone: eager's fp32 kernels may
 contract a * b + c to one FMA, and the machine's log, exp, sin and cos are within 1-2 ulp rather than glibc's 0.5-1.
 """
