@@ -21,8 +21,10 @@ round the phase x - c, ulp(x) / 2 times the amplitude), so that is the measure t
   - j0, j1, y0, y1 for |x| <= 25: 13.5 (13.1), 23.7 (22.9), 58 (43), 35 (29) ulp where |f| >= 0.1, absolute
     9.9e-8 (9.7e-8), 1.9e-7 (1.8e-7), 4.8e-7 (3.2e-7), 1.9e-7 (1.8e-7) below; for 25 <= x <= 1e4, 3.0e-6 absolute
     (3.0e-6), the phase's rounding;
-  - k0, k1, scaled k0, scaled k1: 9.1 (11.8), 6.2 (7.2), 10 (15), 4.9 (5.5) ulp (normal results, x up to 104 and
+  - k0, k1, scaled k0, scaled k1: 10.5 (12.1), 6.2 (7.2), 10 (15), 4.9 (5.5) ulp (normal results, x up to 104 and
     1e4 scaled); k0 stays finite for subnormal x as eager's (which takes log(x / 2) in double);
+  - before their first zeros: j0 9.8 (10.2) ulp for |x| <= 2.3, j1 11.9 (10.9) for |x| <= 3.7, y0 9.8 (8.8) on
+    [0.001, 0.85], y1 35 (33) on [0.001, 2.1];
   - spherical_bessel_j0: 1.6 (1.5) ulp on [-1e4, 1e4], zeros included (sin reduces exactly, x is exact);
   - airy_ai: 236 (225) ulp on [-2.09, 2.09], where the series' 0.355 f - 0.259 g cancels towards 2.09; 148 (148) ulp
     on [2.09, 104) (normal results); below -2.09 730 (730) ulp where |Ai| >= 0.05 and 2.8e-6 (2.8e-6) absolute to
