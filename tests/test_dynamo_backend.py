@@ -77,8 +77,8 @@ def test_transformer_block_fp32_and_bf16():
     assert compiled.program.target == "trn1" and compiled.options.auto_cast == "all"
 
 
-class BesselBlock(nn.Module):
-    """torch.special.bessel_j0 has no legalize rule: it runs in eager between two device regions."""
+class FallbackBlock(nn.Module):
+    """torch.nextafter has no legalize rule: it runs in eager between two device regions."""
 
     def __init__(self):
         super().__init__()
@@ -86,35 +86,35 @@ class BesselBlock(nn.Module):
 
     def forward(self, x):
         h = F.gelu(self.fc1(x))
-        h = torch.special.bessel_j0(h)
+        h = torch.nextafter(h, h)
         return self.fc2(h)
 
 
-def _bessel_line() -> str:
+def _fallback_line() -> str:
     import inspect
-    lines, start = inspect.getsourcelines(BesselBlock.forward)
-    offset = next(i for i, line in enumerate(lines) if "bessel_j0" in line)
-    return f"test_dynamo_backend.py:{start + offset}: h = torch.special.bessel_j0(h)"
+    lines, start = inspect.getsourcelines(FallbackBlock.forward)
+    offset = next(i for i, line in enumerate(lines) if "nextafter" in line)
+    return f"test_dynamo_backend.py:{start + offset}: h = torch.nextafter(h, h)"
 
 
 def test_unsupported_op_falls_back_to_eager_with_one_warning(caplog):
     torch.manual_seed(2)
     x = torch.randn(8, 32)
     with caplog.at_level(logging.WARNING, logger="trnc"):
-        got, ref = _run(BesselBlock(), (x,))
+        got, ref = _run(FallbackBlock(), (x,))
     assert _rel(got, ref) <= 1e-5
     warnings = [r for r in caplog.records if r.name.startswith("trnc") and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     text = warnings[0].getMessage()
-    assert "aten.special_bessel_j0.default x1" in text and _bessel_line() in text and "CPU fallback" in text
+    assert "aten.nextafter.default x1" in text and _fallback_line() in text and "CPU fallback" in text
     report = backend.last_report()
-    assert [(f.op, f.count, f.sources) for f in report.fallback] == [("aten.special_bessel_j0.default", 1, (_bessel_line(),))]
+    assert [(f.op, f.count, f.sources) for f in report.fallback] == [("aten.nextafter.default", 1, (_fallback_line(),))]
     assert report.device_partitions == 2 and report.fallback_nodes == 1 and report.text() == text
 
 
 class InfiniteSlopeBlock(nn.Module):
     """aten.leaky_relu.default has a rule that refuses an infinite slope: it raises UnsupportedOpError while its
-    region compiles. The bessel_j0 before it makes two regions in the first round, the first one reused after the
+    region compiles. The nextafter before it makes two regions in the first round, the first one reused after the
     second fails."""
 
     def __init__(self):
@@ -122,7 +122,8 @@ class InfiniteSlopeBlock(nn.Module):
         self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
 
     def forward(self, x):
-        h = torch.special.bessel_j0(self.fc1(x))
+        h = self.fc1(x)
+        h = torch.nextafter(h, h)
         return (F.leaky_relu(self.fc2(h), math.inf) * 3.0).tanh()
 
 
@@ -135,7 +136,7 @@ def test_an_op_its_rule_refuses_moves_to_eager_and_the_graph_is_partitioned_agai
     got, ref = _run(InfiniteSlopeBlock(), (x,))
     assert _rel(got, ref) <= 1e-5
     report = backend.last_report()
-    assert [(f.op, f.count) for f in report.fallback] == [("aten.special_bessel_j0.default", 1), ("aten.leaky_relu.default", 1)]
+    assert [(f.op, f.count) for f in report.fallback] == [("aten.nextafter.default", 1), ("aten.leaky_relu.default", 1)]
     assert "is not supported" in report.fallback[1].reason
     assert report.fallback[1].sources[0].endswith(
         "return (F.leaky_relu(self.fc2(h), math.inf) * 3.0).tanh()")
@@ -144,11 +145,11 @@ def test_an_op_its_rule_refuses_moves_to_eager_and_the_graph_is_partitioned_agai
 
 
 def test_fallback_false_raises_naming_the_op_and_line():
-    compiled = torch.compile(BesselBlock().eval(), backend="trnc", options={"fallback": False})
+    compiled = torch.compile(FallbackBlock().eval(), backend="trnc", options={"fallback": False})
     with torch.no_grad(), pytest.raises(UnsupportedOpError) as info:
         compiled(torch.randn(8, 32))
     message = str(info.value)
-    assert "aten.special_bessel_j0.default" in message and _bessel_line() in message and "'fallback': True" in message
+    assert "aten.nextafter.default" in message and _fallback_line() in message and "'fallback': True" in message
 
 
 def test_options_are_validated():

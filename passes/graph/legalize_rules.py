@@ -18,6 +18,7 @@ import torch
 from trnc import ir
 from trnc.dtypes import DTYPES
 from trnc.isa.dtypes import DType
+from trnc.passes.graph import legalize_bessel  # noqa: F401  (registers the Bessel-family special function rules)
 from trnc.passes.graph import legalize_conv  # noqa: F401  (registers the convolution, pooling, batch norm rules)
 from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-reduction and scan rules)
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
