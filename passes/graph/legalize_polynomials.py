@@ -1,0 +1,248 @@
+"""legalize rules of the orthogonal polynomials (issue 16): torch.special's Chebyshev T, U, V, W (and their shifted
+forms, at y = 2x - 1) and Hermite H and He, each P(x, n) with n a tensor that torch truncates to int64.
+
+The recurrence length is data dependent and the program is a static instruction stream, so the rules are
+data-independent compositions of elementwise nodes that follow torch's CPU kernels (ATen/native/Math.h):
+
+- Chebyshev: n < 0 gives 0 and |y| == 1 torch's special values (parity from n, exact for a float n). Up to n = 32
+  an unrolled recurrence, torch's fp32 steps, each step's value selected where n equals it; above torch's own
+  threshold (n > 6, 8, or 4 for shifted W) |y| < 1 takes torch's trigonometric forms instead (cos(n acos y),
+  sin((n + 1) t) / sin t, ..., with torch's guards). Beyond n = 32, |y| > 1 takes the hyperbolic forms with
+  a = acosh|y|: cosh(n a), sinh((n + 1) a) / sinh a, cosh((n + 1/2) a) / cosh(a / 2), sinh((n + 1/2) a) /
+  sinh(a / 2) (V and W swap and take (-1)^n below -1), as exp(z - log(2 d)) once the argument z passes 9, so a
+  quotient of overflowing terms stays finite; their relative error grows as z times a few ulp (acosh's error
+  scaled by n), up to 2e-5 near fp32's overflow (z near 89), where torch's recurrence errs by about half that.
+  Where torch's fp32 recurrence overflows it returns +-Inf for two steps, then Inf - Inf = NaN: the rule gives
+  NaN where the closed form two steps back already overflows (z - 2a - log(2 d) > log of fp32's largest value),
+  the boundary exact only to within the rounding of z. An infinite y gives NaN, as torch (n > 4), and a NaN y
+  NaN (torch's U and W read an uninitialized value there).
+- torch's kernels are compiled with FMA contraction (its results match c q - k p rounded once, not twice): a step
+  here rounds the product, which costs an ulp or so per step, but is computed halved and doubled (exact scalings)
+  so that no product overflows where torch's fused step is finite.
+- Hermite: torch returns NaN for n > 128 and runs the fp32 recurrence otherwise; |H_n| grows like sqrt(2^n n!),
+  and from n = 60 (H) and 70 (He) torch's recurrence is NaN for every x (its intermediates overflow, and
+  Inf - Inf or 0 * Inf follows: measured on 2.4 million x spanning every binade and +-0, +-Inf; for x beyond
+  the largest zero all terms are positive and increasing, so the first overflow is followed by Inf - Inf). The
+  rule unrolls the recurrence to that bound and gives NaN beyond it. Near overflow (n from about 50) whether torch
+  gives +-Inf or NaN for an x depends on its rounding step by step, which the unfused steps here do not always
+  reproduce.
+
+Laguerre L and Legendre P stay bounded for every n (|x| <= 1 for Legendre), so no unroll bound covers them and no
+data-independent method was found that is right for every n: they stay fallbacks (no rule).
+An integer n tensor whose bound is unknown is refused: the machine holds it in fp32 for the parity and the
+comparisons, exact only below 2^24 (cast n to float32: its values beyond 2^24 are even, as torch reads them).
+Only float32 results are lowered (the machine computes in fp32).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from trnc import ir
+from trnc.isa.dtypes import DType
+from trnc.passes.graph.legalize_index import EXACT_FP32, _magnitude_bound
+from trnc.passes.graph.legalize_table import keep_fp32_inside, rule
+
+if TYPE_CHECKING:
+    from trnc.passes.graph.legalize import Rewriter
+
+FP32 = DType.FP32
+LOG_MAX = math.log(float(torch.finfo(torch.float32).max))   # log of fp32's largest finite value, 88.72
+HERMITE_NAN = {"h": 60, "he": 70}   # from these n on, torch's fp32 recurrence is NaN for every x (measured)
+TORCH_HERMITE_LIMIT = 128           # torch returns NaN for n above this (getHermitianLimit<float>)
+UNROLLED = 32   # Chebyshev: the recurrence up to this n (and |y| < 1 above torch's threshold the trigonometric form)
+
+
+# -- shared pieces ------------------------------------------------------------------------------------------
+def _operands(rw: Rewriter, n, a):
+    """(x, n as an fp32 integer value, the valid mask n >= 0): a float n truncated as torch's cast to int64 (NaN,
+    +-Inf and values beyond int64 give int64's minimum there, a negative n); an integer n only with a bound."""
+    if n.dtype is not FP32 or any(d is not None and d not in (torch.float32,) and d.is_floating_point
+                                  for d in rw.arg_dtypes):
+        rw.fail(f"with result dtype {n.dtype.text} is not supported (the machine computes the polynomials in fp32)")
+    x, order = a["x"], a["n"]
+    x = x if isinstance(x, ir.Node) else rw.scalar_const(float(x), FP32)
+    if not isinstance(order, ir.Node):
+        order = rw.scalar_const(float(int(order)) if not isinstance(order, float) else order, FP32)
+    elif not order.dtype.is_float:
+        bound = _magnitude_bound(rw, order)
+        if bound is None or bound >= EXACT_FP32:
+            rw.fail("with an integer n of unknown bound is not supported: the machine holds n in fp32, exact below "
+                    "2^24, and the result's sign depends on n's parity (cast n to float32)")
+    x, order = rw.cast(x, FP32), rw.cast(order, FP32)
+    nt = rw.unary(order, "trunc", FP32)
+    valid = rw.binary("and", rw.scalar(nt, "ge", 0.0), rw.scalar(nt, "lt", 2.0 ** 63))
+    return x, nt, valid
+
+
+def _odd(rw: Rewriter, nt: ir.Node) -> ir.Node:
+    """n odd (nt an fp32 integer: nt / 2 is exact, and fp32 values from 2^24 on are even)."""
+    half = rw.scalar(nt, "mul", 0.5, dtype=FP32)
+    return rw.binary("ne", rw.unary(half, "trunc", FP32), half)
+
+
+def _nan(rw: Rewriter, like: ir.Node) -> ir.Node:
+    return rw.filled(math.nan, like.shape, FP32)
+
+
+def _select(rw: Rewriter, cond, a, b) -> ir.Node:
+    return rw.where(cond, a, b, FP32)
+
+
+def _fused(rw: Rewriter, c: ir.Node, q: ir.Node, p: ir.Node, k: float) -> ir.Node:
+    """2 (c q - k p): a recurrence step c' q - k' p with c' = 2c, k' = 2k, computed halved and doubled (exact
+    scalings), so a product does not overflow where the step's value is finite: torch's kernel is compiled with
+    FMA contraction (c' q is never rounded alone), which its results show bit for bit."""
+    return rw.scalar(rw.binary("sub", rw.binary("mul", c, q, FP32), rw.scalar(p, "mul", k, dtype=FP32), FP32),
+                     "mul", 2.0, dtype=FP32)
+
+
+def _unrolled(rw: Rewriter, nt, first: ir.Node, step, stop: int, default: ir.Node) -> ir.Node:
+    """torch's recurrence q_k = step(k, q_{k-1}, q_{k-2}) from q_0 = 1, q_1 = first, unrolled to k = stop, each
+    q_k selected where n == k (`default` elsewhere)."""
+    one = rw.filled(1.0, first.shape, FP32)
+    out = _select(rw, rw.scalar(nt, "eq", 1.0), first, _select(rw, rw.scalar(nt, "eq", 0.0), one, default))
+    p, q = one, first
+    for k in range(2, stop + 1):
+        p, q = q, step(k, q, p)
+        out = _select(rw, rw.scalar(nt, "eq", float(k)), q, out)
+    return out
+
+
+# -- Chebyshev ------------------------------------------------------------------------------------------------
+# kind -> (torch's threshold above which |y| < 1 takes the trigonometric form, shifted's threshold)
+CHEBYSHEV = {"t": (6, 6), "u": (8, 6), "v": (8, 6), "w": (8, 4)}
+
+
+def _chebyshev_first(rw: Rewriter, kind: str, y: ir.Node, y2: ir.Node) -> ir.Node:
+    """q_1 as torch spells it: y, y + y, y + y - 1, y + y + 1."""
+    return {"t": y, "u": y2, "v": rw.scalar(y2, "sub", 1.0, dtype=FP32),
+            "w": rw.scalar(y2, "add", 1.0, dtype=FP32)}[kind]
+
+
+def _chebyshev_edge(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
+    """torch's values at |y| == 1: +-1, +-(n + 1), 1 or +-(2n + 1), 2n + 1 or +-1."""
+    one = rw.filled(1.0, y.shape, FP32)
+    sign = _select(rw, rw.binary("and", rw.scalar(y, "lt", 0.0), odd), rw.filled(-1.0, y.shape, FP32), one)
+    n1 = rw.scalar(nt, "add", 1.0, dtype=FP32)
+    n21 = rw.scalar(rw.scalar(nt, "mul", 2.0, dtype=FP32), "add", 1.0, dtype=FP32)
+    positive = rw.scalar(y, "gt", 0.0)
+    if kind == "t":
+        return sign
+    if kind == "u":
+        return rw.binary("mul", sign, n1, FP32)
+    if kind == "v":
+        return _select(rw, positive, one, rw.binary("mul", sign, n21, FP32))
+    return _select(rw, positive, rw.binary("mul", one, n21, FP32), sign)
+
+
+def _chebyshev_inside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
+    """|y| < 1, n above torch's threshold: torch's trigonometric forms and their guards, t = acos y."""
+    t = rw.unary(y, "acos", FP32)
+    if kind == "t":
+        return rw.unary(rw.binary("mul", nt, t, FP32), "cos", FP32)
+    if kind == "u":
+        n1 = rw.scalar(nt, "add", 1.0, dtype=FP32)
+        angle = rw.binary("mul", n1, t, FP32)
+        s = rw.unary(t, "sin", FP32)
+        limit = rw.binary("div", rw.binary("mul", n1, rw.unary(angle, "cos", FP32), FP32), y, FP32)
+        return _select(rw, rw.scalar(s, "ne", 0.0), rw.binary("div", rw.unary(angle, "sin", FP32), s, FP32), limit)
+    angle = rw.binary("mul", rw.scalar(nt, "add", 0.5, dtype=FP32), t, FP32)
+    half = rw.scalar(t, "div", 2.0, dtype=FP32)
+    n21 = rw.scalar(rw.scalar(nt, "mul", 2.0, dtype=FP32), "add", 1.0, dtype=FP32)
+    signed = _select(rw, odd, rw.unary(n21, "neg", FP32), n21)
+    if kind == "v":   # torch's guard: sin(t / 2) == 1
+        quotient = rw.binary("div", rw.unary(angle, "cos", FP32), rw.unary(half, "cos", FP32), FP32)
+        return _select(rw, rw.scalar(rw.unary(half, "sin", FP32), "ne", 1.0), quotient, signed)
+    quotient = rw.binary("div", rw.unary(angle, "sin", FP32), rw.unary(half, "sin", FP32), FP32)
+    one = rw.filled(1.0, y.shape, FP32)
+    edge = _select(rw, rw.scalar(y, "gt", 0.0), n21, _select(rw, odd, rw.filled(-1.0, y.shape, FP32), one))
+    return _select(rw, rw.scalar(rw.unary(half, "cos", FP32), "ne", 1.0), quotient, edge)
+
+
+def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
+    """|y| > 1, n above the threshold: sign * f(z) / d with a = acosh|y|, z = (n + c) a, f cosh or sinh, d 1,
+    sinh a, cosh(a / 2) or sinh(a / 2); exp(z - log(2 d)) from z > 9 (e^-2z below 2^-25); NaN where torch's
+    recurrence has overflowed two steps before n (Inf - Inf), and for infinite y."""
+    a = rw.unary(rw.unary(y, "abs", FP32), "acosh", FP32)
+    negative = rw.scalar(y, "lt", 0.0)
+    if kind == "t":
+        shift, denominator = 0.0, None
+    elif kind == "u":
+        shift, denominator = 1.0, rw.unary(a, "sinh", FP32)
+    else:   # V above 1 is the cosh form, below -1 (-1)^n W(|y|): the sinh form; W the other way round
+        shift = 0.5
+        half = rw.scalar(a, "mul", 0.5, dtype=FP32)
+        cosh_half, sinh_half = rw.unary(half, "cosh", FP32), rw.unary(half, "sinh", FP32)
+    z = rw.binary("mul", rw.scalar(nt, "add", shift, dtype=FP32) if shift else nt, a, FP32)
+
+    def magnitude(use_cosh, d):
+        f = rw.unary(z, "cosh" if use_cosh else "sinh", FP32)
+        direct = f if d is None else rw.binary("div", f, d, FP32)
+        log2d = math.log(2.0) if d is None else rw.unary(rw.scalar(d, "mul", 2.0, dtype=FP32), "log", FP32)
+        scaled = rw.unary(rw.arith("sub", z, log2d, FP32), "exp", FP32)
+        beyond = rw.scalar(rw.arith("sub", rw.binary("sub", z, rw.scalar(a, "mul", 2.0, dtype=FP32), FP32), log2d,
+                                    FP32), "gt", LOG_MAX)
+        return _select(rw, beyond, _nan(rw, y), _select(rw, rw.scalar(z, "gt", 9.0), scaled, direct))
+
+    if kind in ("t", "u"):
+        mag = magnitude(kind == "t", denominator)
+    else:
+        as_cosh, as_sinh = magnitude(True, cosh_half), magnitude(False, sinh_half)
+        above, below = (as_cosh, as_sinh) if kind == "v" else (as_sinh, as_cosh)
+        mag = _select(rw, negative, below, above)
+    flip = rw.binary("and", negative, odd)
+    value = _select(rw, flip, rw.unary(mag, "neg", FP32), mag)
+    return _select(rw, rw.scalar(rw.unary(y, "abs", FP32), "eq", math.inf), _nan(rw, y), value)
+
+
+def _chebyshev(kind: str, shifted: bool):
+    def lower(rw: Rewriter, n, a):
+        x, nt, valid = _operands(rw, n, a)
+        y = rw.scalar(rw.binary("add", x, x, FP32), "sub", 1.0, dtype=FP32) if shifted else x
+        y2 = rw.binary("add", y, y, FP32)
+        odd = _odd(rw, nt)
+        threshold = CHEBYSHEV[kind][1 if shifted else 0]
+        ay = rw.unary(y, "abs", FP32)
+        big = _select(rw, rw.scalar(ay, "lt", 1.0), _chebyshev_inside(rw, kind, y, nt, odd),
+                      _chebyshev_outside(rw, kind, y, nt, odd))
+        big = _select(rw, rw.binary("ne", y, y), _nan(rw, y), big)
+        small = _unrolled(rw, nt, _chebyshev_first(rw, kind, y, y2),
+                          lambda k, q, p: _fused(rw, y, q, p, 0.5), UNROLLED, big)
+        inside = rw.binary("and", rw.scalar(ay, "lt", 1.0), rw.scalar(nt, "gt", float(threshold)))
+        result = _select(rw, inside, big, small)
+        result = _select(rw, rw.scalar(ay, "eq", 1.0), _chebyshev_edge(rw, kind, y, nt, odd), result)
+        result = _select(rw, valid, result, rw.filled(0.0, result.shape, FP32))
+        return keep_fp32_inside(result, x, nt)
+    return lower
+
+
+for _kind in CHEBYSHEV:
+    for _shifted in (False, True):
+        _name = f"aten.special_{'shifted_' if _shifted else ''}chebyshev_polynomial_{_kind}"
+        rule(f"{_name}.default", f"{_name}.x_scalar", f"{_name}.n_scalar")(_chebyshev(_kind, _shifted))
+
+
+# -- Hermite -------------------------------------------------------------------------------------------------
+def _hermite(kind: str):
+    """torch's fp32 recurrence unrolled to HERMITE_NAN[kind], NaN beyond (torch's own value there)."""
+    def lower(rw: Rewriter, n, a):
+        x, nt, valid = _operands(rw, n, a)
+        nan = _nan(rw, x)
+        if kind == "h":   # (x + x) q - 2(k - 1) p, halved: x q - (k - 1) p
+            first = rw.binary("add", x, x, FP32)
+            step = lambda k, q, p: _fused(rw, x, q, p, float(k - 1))   # noqa: E731
+        else:             # x q - (k - 1) p, halved: (x / 2) q - ((k - 1) / 2) p
+            first, half = x, rw.scalar(x, "mul", 0.5, dtype=FP32)
+            step = lambda k, q, p: _fused(rw, half, q, p, (k - 1) / 2)   # noqa: E731
+        result = _unrolled(rw, nt, first, step, HERMITE_NAN[kind], nan)
+        result = _select(rw, valid, result, rw.filled(0.0, result.shape, FP32))
+        return keep_fp32_inside(result, x, nt)
+    return lower
+
+
+for _kind in HERMITE_NAN:
+    _name = f"aten.special_hermite_polynomial_{_kind}"
+    rule(f"{_name}.default", f"{_name}.x_scalar", f"{_name}.n_scalar")(_hermite(_kind))
