@@ -6,19 +6,22 @@ data-independent compositions of elementwise nodes that follow torch's CPU kerne
 
 - Chebyshev: n < 0 gives 0 and |y| == 1 torch's special values (parity from n, exact for a float n). Up to n = 32
   an unrolled recurrence, torch's fp32 steps, each step's value selected where n equals it; above torch's own
-  threshold (n > 6, 8, or 4 for shifted W) |y| < 1 takes torch's trigonometric forms instead (cos(n acos y),
-  sin((n + 1) t) / sin t, ..., with torch's guards). Beyond n = 32, |y| > 1 takes the hyperbolic forms with
-  a = acosh|y|: cosh(n a), sinh((n + 1) a) / sinh a, cosh((n + 1/2) a) / cosh(a / 2), sinh((n + 1/2) a) /
-  sinh(a / 2) (V and W swap and take (-1)^n below -1), as exp(z - log(2 d)) once the argument z passes 9, so a
-  quotient of overflowing terms stays finite; their relative error grows as z times a few ulp (acosh's error
-  scaled by n), up to 2e-5 near fp32's overflow (z near 89), where torch's recurrence errs by about half that.
+  threshold (n > 6, 8, or 4 for shifted W) |y| < 1 takes trigonometric forms instead, as torch (cos(n t),
+  sin((n + 1) t) / sin t, cos((n + 1/2) t) / cos(t / 2), sin((n + 1/2) t) / sin(t / 2)) but with t = acos|y| and
+  the reflections to y < 0 (torch's t = acos y near pi loses V's and W's accuracy near y = -1). Beyond n = 32,
+  |y| > 1 takes the hyperbolic forms with a = acosh|y|: cosh(n a), sinh((n + 1) a) / sinh a,
+  cosh((n + 1/2) a) / cosh(a / 2), sinh((n + 1/2) a) / sinh(a / 2) (V and W swap and take (-1)^n below -1), as
+  exp(z - log(2 d)) once the argument z passes 9, so a quotient of overflowing terms stays finite; their relative
+  error grows as z times a few ulp (acosh's error scaled by n), up to 1.6e-5 (measured) near fp32's overflow
+  (z near 89); torch's recurrence errs by n ulps or so (2e-5 at n = 1000, but only 1.3e-6 for U at n = 33).
   Where torch's fp32 recurrence overflows it returns +-Inf for two steps, then Inf - Inf = NaN: the rule gives
   NaN where the closed form two steps back already overflows (z - 2a - log(2 d) > log of fp32's largest value),
   the boundary exact only to within the rounding of z. An infinite y gives NaN, as torch (n > 4), and a NaN y
   NaN (torch's U and W read an uninitialized value there).
-- torch's kernels are compiled with FMA contraction (its results match c q - k p rounded once, not twice): a step
-  here rounds the product, which costs an ulp or so per step, but is computed halved and doubled (exact scalings)
-  so that no product overflows where torch's fused step is finite.
+- torch's kernels are compiled with FMA contraction (its results match fma(c, q, -(k p)): k p rounded, c q not):
+  a step here rounds c q too, which costs an ulp or so per step, but halved and doubled (exact scalings) so that it
+  overflows only where torch's fused step does, and k p is rounded alone as in torch (its overflow to Inf then
+  gives torch's Inf - Inf = NaN).
 - Hermite: torch returns NaN for n > 128 and runs the fp32 recurrence otherwise; |H_n| grows like sqrt(2^n n!),
   and from n = 60 (H) and 70 (He) torch's recurrence is NaN for every x (its intermediates overflow, and
   Inf - Inf or 0 * Inf follows: measured on 2.4 million x spanning every binade and +-0, +-Inf; for x beyond
@@ -91,12 +94,20 @@ def _select(rw: Rewriter, cond, a, b) -> ir.Node:
     return rw.where(cond, a, b, FP32)
 
 
-def _fused(rw: Rewriter, c: ir.Node, q: ir.Node, p: ir.Node, k: float) -> ir.Node:
-    """2 (c q - k p): a recurrence step c' q - k' p with c' = 2c, k' = 2k, computed halved and doubled (exact
-    scalings), so a product does not overflow where the step's value is finite: torch's kernel is compiled with
-    FMA contraction (c' q is never rounded alone), which its results show bit for bit."""
-    return rw.scalar(rw.binary("sub", rw.binary("mul", c, q, FP32), rw.scalar(p, "mul", k, dtype=FP32), FP32),
+def _fused(rw: Rewriter, c: ir.Node, q: ir.Node, p: ir.Node, k: float, finite_c: ir.Node | None = None) -> ir.Node:
+    """torch's step 2c q - k p as its kernel computes it: compiled with FMA contraction, so the product k p rounds
+    (and may overflow) alone while 2c q enters the sum unrounded (its results show this bit for bit). Here 2c q is
+    rounded too, but halved: 2 (c q - (k p) / 2), the scalings exact, so that it overflows only where the sum
+    does; where k p alone overflows and c, q are finite, the fused sum is -(k p), whatever the size of 2c q (given
+    `finite_c`, the mask of finite c, for k != 1: with k = 1, p is an earlier value, never Inf beside a finite q)."""
+    kp = p if k == 1 else rw.scalar(p, "mul", k, dtype=FP32)
+    step = rw.scalar(rw.binary("sub", rw.binary("mul", c, q, FP32), rw.scalar(kp, "mul", 0.5, dtype=FP32), FP32),
                      "mul", 2.0, dtype=FP32)
+    if k == 1:
+        return step
+    overflow = rw.binary("and", rw.binary("and", rw.scalar(rw.unary(kp, "abs", FP32), "eq", math.inf), finite_c),
+                         rw.scalar(rw.unary(q, "abs", FP32), "lt", math.inf))
+    return _select(rw, overflow, rw.unary(kp, "neg", FP32), step)
 
 
 def _unrolled(rw: Rewriter, nt, first: ir.Node, step, stop: int, default: ir.Node) -> ir.Node:
@@ -139,27 +150,26 @@ def _chebyshev_edge(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
 
 
 def _chebyshev_inside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
-    """|y| < 1, n above torch's threshold: torch's trigonometric forms and their guards, t = acos y."""
-    t = rw.unary(y, "acos", FP32)
-    if kind == "t":
-        return rw.unary(rw.binary("mul", nt, t, FP32), "cos", FP32)
-    if kind == "u":
-        n1 = rw.scalar(nt, "add", 1.0, dtype=FP32)
-        angle = rw.binary("mul", n1, t, FP32)
-        s = rw.unary(t, "sin", FP32)
-        limit = rw.binary("div", rw.binary("mul", n1, rw.unary(angle, "cos", FP32), FP32), y, FP32)
-        return _select(rw, rw.scalar(s, "ne", 0.0), rw.binary("div", rw.unary(angle, "sin", FP32), s, FP32), limit)
-    angle = rw.binary("mul", rw.scalar(nt, "add", 0.5, dtype=FP32), t, FP32)
-    half = rw.scalar(t, "div", 2.0, dtype=FP32)
-    n21 = rw.scalar(rw.scalar(nt, "mul", 2.0, dtype=FP32), "add", 1.0, dtype=FP32)
-    signed = _select(rw, odd, rw.unary(n21, "neg", FP32), n21)
-    if kind == "v":   # torch's guard: sin(t / 2) == 1
-        quotient = rw.binary("div", rw.unary(angle, "cos", FP32), rw.unary(half, "cos", FP32), FP32)
-        return _select(rw, rw.scalar(rw.unary(half, "sin", FP32), "ne", 1.0), quotient, signed)
-    quotient = rw.binary("div", rw.unary(angle, "sin", FP32), rw.unary(half, "sin", FP32), FP32)
-    one = rw.filled(1.0, y.shape, FP32)
-    edge = _select(rw, rw.scalar(y, "gt", 0.0), n21, _select(rw, odd, rw.filled(-1.0, y.shape, FP32), one))
-    return _select(rw, rw.scalar(rw.unary(half, "cos", FP32), "ne", 1.0), quotient, edge)
+    """|y| < 1, n above torch's threshold: the trigonometric forms in t = acos|y| <= pi/2, by the reflections
+    P(-y) = (-1)^n P(y) for T and U, V(-y) = (-1)^n W(y) and W(-y) = (-1)^n V(y): torch's t = acos y near pi makes
+    V's and W's quotients of two small, absolutely rounded values (and its guard, sin(t / 2) == 1, returns the
+    limit 2n + 1 where the value is 2% off at n = 1000); the small angle's relative rounding keeps them right."""
+    t = rw.unary(rw.unary(y, "abs", FP32), "acos", FP32)
+    negative = rw.scalar(y, "lt", 0.0)
+    if kind in ("t", "u"):
+        if kind == "t":
+            value = rw.unary(rw.binary("mul", nt, t, FP32), "cos", FP32)
+        else:
+            angle = rw.binary("mul", rw.scalar(nt, "add", 1.0, dtype=FP32), t, FP32)
+            value = rw.binary("div", rw.unary(angle, "sin", FP32), rw.unary(t, "sin", FP32), FP32)
+    else:
+        angle = rw.binary("mul", rw.scalar(nt, "add", 0.5, dtype=FP32), t, FP32)
+        half = rw.scalar(t, "mul", 0.5, dtype=FP32)
+        as_v = rw.binary("div", rw.unary(angle, "cos", FP32), rw.unary(half, "cos", FP32), FP32)
+        as_w = rw.binary("div", rw.unary(angle, "sin", FP32), rw.unary(half, "sin", FP32), FP32)
+        above, below = (as_v, as_w) if kind == "v" else (as_w, as_v)
+        value = _select(rw, negative, below, above)
+    return _select(rw, rw.binary("and", negative, odd), rw.unary(value, "neg", FP32), value)
 
 
 def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
@@ -210,7 +220,7 @@ def _chebyshev(kind: str, shifted: bool):
                       _chebyshev_outside(rw, kind, y, nt, odd))
         big = _select(rw, rw.binary("ne", y, y), _nan(rw, y), big)
         small = _unrolled(rw, nt, _chebyshev_first(rw, kind, y, y2),
-                          lambda k, q, p: _fused(rw, y, q, p, 0.5), UNROLLED, big)
+                          lambda k, q, p: _fused(rw, y, q, p, 1), UNROLLED, big)
         inside = rw.binary("and", rw.scalar(ay, "lt", 1.0), rw.scalar(nt, "gt", float(threshold)))
         result = _select(rw, inside, big, small)
         result = _select(rw, rw.scalar(ay, "eq", 1.0), _chebyshev_edge(rw, kind, y, nt, odd), result)
@@ -231,12 +241,13 @@ def _hermite(kind: str):
     def lower(rw: Rewriter, n, a):
         x, nt, valid = _operands(rw, n, a)
         nan = _nan(rw, x)
-        if kind == "h":   # (x + x) q - 2(k - 1) p, halved: x q - (k - 1) p
+        finite = rw.scalar(rw.unary(x, "abs", FP32), "lt", math.inf)
+        if kind == "h":   # (x + x) q - 2(k - 1) p
             first = rw.binary("add", x, x, FP32)
-            step = lambda k, q, p: _fused(rw, x, q, p, float(k - 1))   # noqa: E731
-        else:             # x q - (k - 1) p, halved: (x / 2) q - ((k - 1) / 2) p
+            step = lambda k, q, p: _fused(rw, x, q, p, float(2 * (k - 1)), finite)   # noqa: E731
+        else:             # x q - (k - 1) p
             first, half = x, rw.scalar(x, "mul", 0.5, dtype=FP32)
-            step = lambda k, q, p: _fused(rw, half, q, p, (k - 1) / 2)   # noqa: E731
+            step = lambda k, q, p: _fused(rw, half, q, p, float(k - 1), finite)   # noqa: E731
         result = _unrolled(rw, nt, first, step, HERMITE_NAN[kind], nan)
         result = _select(rw, valid, result, rw.filled(0.0, result.shape, FP32))
         return keep_fp32_inside(result, x, nt)
