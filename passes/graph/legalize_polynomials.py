@@ -11,9 +11,10 @@ data-independent compositions of elementwise nodes that follow torch's CPU kerne
   the reflections to y < 0 (torch's t = acos y near pi loses V's and W's accuracy near y = -1). Beyond n = 32,
   |y| > 1 takes the hyperbolic forms with a = acosh|y|: cosh(n a), sinh((n + 1) a) / sinh a,
   cosh((n + 1/2) a) / cosh(a / 2), sinh((n + 1/2) a) / sinh(a / 2) (V and W swap and take (-1)^n below -1), as
-  exp(z - log(2 d)) once the argument z passes 9, so a quotient of overflowing terms stays finite; their relative
-  error grows as z times a few ulp (acosh's error scaled by n), up to 1.6e-5 (measured) near fp32's overflow
-  (z near 89); torch's recurrence errs by n ulps or so (2e-5 at n = 1000, but only 1.3e-6 for U at n = 33).
+  exp(z - log(2 d)) once the argument z passes 9, so a quotient of overflowing terms stays finite; a and z are fp32
+  pairs, so the relative error is about z times log's ulp: at most 9.7e-6 measured (|y| in (1, 3], n = 33..1000),
+  below eager's recurrence for T, V and W (its error grows as n ulps), but up to 3.6 times eager's for U at
+  n = 33..100 (eager's U recurrence errs by only 1.3e-6 to 3.3e-6 there).
   Where torch's fp32 recurrence overflows it returns +-Inf for two steps, then Inf - Inf = NaN: the rule gives
   NaN where the closed form two steps back already overflows (z - 2a - log(2 d) > log of fp32's largest value),
   the boundary exact only to within the rounding of z. An infinite y gives NaN, as torch (n > 4), and a NaN y
@@ -172,40 +173,69 @@ def _chebyshev_inside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
     return _select(rw, rw.binary("and", negative, odd), rw.unary(value, "neg", FP32), value)
 
 
+def _two_prod(rw: Rewriter, u: ir.Node, v: ir.Node) -> tuple[ir.Node, ir.Node]:
+    """(u v rounded, its rounding error) by Dekker's product with Veltkamp's splits (exact below 2^100 or so; a NaN
+    error of an overflowing split is taken as 0)."""
+    def split(w):
+        c = rw.scalar(w, "mul", 4097.0, dtype=FP32)
+        high = rw.binary("sub", c, rw.binary("sub", c, w, FP32), FP32)
+        return high, rw.binary("sub", w, high, FP32)
+    p = rw.binary("mul", u, v, FP32)
+    (uh, ul), (vh, vl) = split(u), split(v)
+    mul = lambda s, t: rw.binary("mul", s, t, FP32)   # noqa: E731
+    e = rw.binary("add", rw.binary("add", rw.binary("add", rw.binary("sub", mul(uh, vh), p, FP32), mul(uh, vl), FP32),
+                                   mul(ul, vh), FP32), mul(ul, vl), FP32)
+    return p, _select(rw, rw.binary("ne", e, e), rw.filled(0.0, e.shape, FP32), e)
+
+
 def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
-    """|y| > 1, n above the threshold: sign * f(z) / d with a = acosh|y|, z = (n + c) a, f cosh or sinh, d 1,
-    sinh a, cosh(a / 2) or sinh(a / 2); exp(z - log(2 d)) from z > 9 (e^-2z below 2^-25); NaN where torch's
-    recurrence has overflowed two steps before n (Inf - Inf), and for infinite y."""
-    a = rw.unary(rw.unary(y, "abs", FP32), "acosh", FP32)
+    """|y| > 1, n above the threshold: sign * f(z) / d with a = acosh|y| = log(Y + sqrt((Y - 1)(Y + 1))), the root
+    and the sum as fp32 pairs (so a errs by log's ulp alone), z = (n + c) a as a pair too, f cosh or sinh and d 1,
+    sinh a = sqrt(Y^2 - 1), cosh(a / 2) = sqrt((Y + 1) / 2) or sinh(a / 2) = sqrt((Y - 1) / 2); f(z_hi + z_lo) =
+    f(z_hi) + f'(z_hi) z_lo, and exp(z - log(2 d)) from z > 9 (e^-2z below 2^-25); NaN where torch's recurrence
+    has overflowed two steps before n (Inf - Inf), and for infinite y."""
+    big_y = rw.unary(y, "abs", FP32)
     negative = rw.scalar(y, "lt", 0.0)
-    if kind == "t":
-        shift, denominator = 0.0, None
-    elif kind == "u":
-        shift, denominator = 1.0, rw.unary(a, "sinh", FP32)
-    else:   # V above 1 is the cosh form, below -1 (-1)^n W(|y|): the sinh form; W the other way round
-        shift = 0.5
-        half = rw.scalar(a, "mul", 0.5, dtype=FP32)
-        cosh_half, sinh_half = rw.unary(half, "cosh", FP32), rw.unary(half, "sinh", FP32)
-    z = rw.binary("mul", rw.scalar(nt, "add", shift, dtype=FP32) if shift else nt, a, FP32)
+    below = rw.scalar(big_y, "sub", 1.0, dtype=FP32)                     # exact
+    above = rw.scalar(big_y, "add", 1.0, dtype=FP32)
+    above_lo = rw.binary("sub", rw.filled(1.0, y.shape, FP32), rw.binary("sub", above, big_y, FP32), FP32)
+    d_hi, d_lo = _two_prod(rw, below, above)
+    d_lo = rw.binary("add", d_lo, rw.binary("mul", below, above_lo, FP32), FP32)
+    root = rw.unary(d_hi, "sqrt", FP32)
+    sq, sq_lo = _two_prod(rw, root, root)
+    root_lo = rw.binary("div", rw.binary("add", rw.binary("sub", rw.binary("sub", d_hi, sq, FP32), sq_lo, FP32), d_lo,
+                                         FP32), rw.scalar(root, "mul", 2.0, dtype=FP32), FP32)
+    rho = rw.binary("add", big_y, root, FP32)
+    rho_lo = rw.binary("add", rw.binary("sub", root, rw.binary("sub", rho, big_y, FP32), FP32), root_lo, FP32)
+    a = rw.unary(rho, "log", FP32)
+    a_lo = rw.binary("div", rho_lo, rho, FP32)
+    shift = {"t": 0.0, "u": 1.0}.get(kind, 0.5)
+    m = rw.scalar(nt, "add", shift, dtype=FP32) if shift else nt
+    z, z_lo = _two_prod(rw, m, a)
+    z_lo = rw.binary("add", z_lo, rw.binary("mul", m, a_lo, FP32), FP32)
+    two_a = rw.scalar(a, "mul", 2.0, dtype=FP32)
 
     def magnitude(use_cosh, d):
-        f = rw.unary(z, "cosh" if use_cosh else "sinh", FP32)
+        f, f_prime = (rw.unary(z, "cosh", FP32), rw.unary(z, "sinh", FP32))[::1 if use_cosh else -1]
+        f = rw.binary("add", f, rw.binary("mul", f_prime, z_lo, FP32), FP32)
         direct = f if d is None else rw.binary("div", f, d, FP32)
         log2d = math.log(2.0) if d is None else rw.unary(rw.scalar(d, "mul", 2.0, dtype=FP32), "log", FP32)
-        scaled = rw.unary(rw.arith("sub", z, log2d, FP32), "exp", FP32)
-        beyond = rw.scalar(rw.arith("sub", rw.binary("sub", z, rw.scalar(a, "mul", 2.0, dtype=FP32), FP32), log2d,
-                                    FP32), "gt", LOG_MAX)
+        exponent = rw.arith("sub", z, log2d, FP32)
+        scaled = rw.binary("mul", rw.unary(exponent, "exp", FP32), rw.scalar(z_lo, "add", 1.0, dtype=FP32), FP32)
+        beyond = rw.scalar(rw.arith("sub", rw.binary("sub", z, two_a, FP32), log2d, FP32), "gt", LOG_MAX)
         return _select(rw, beyond, _nan(rw, y), _select(rw, rw.scalar(z, "gt", 9.0), scaled, direct))
 
-    if kind in ("t", "u"):
-        mag = magnitude(kind == "t", denominator)
-    else:
-        as_cosh, as_sinh = magnitude(True, cosh_half), magnitude(False, sinh_half)
-        above, below = (as_cosh, as_sinh) if kind == "v" else (as_sinh, as_cosh)
-        mag = _select(rw, negative, below, above)
-    flip = rw.binary("and", negative, odd)
-    value = _select(rw, flip, rw.unary(mag, "neg", FP32), mag)
-    return _select(rw, rw.scalar(rw.unary(y, "abs", FP32), "eq", math.inf), _nan(rw, y), value)
+    if kind == "t":
+        mag = magnitude(True, None)
+    elif kind == "u":
+        mag = magnitude(False, root)
+    else:   # V above 1 is the cosh form, below -1 (-1)^n W(|y|): the sinh form; W the other way round
+        as_cosh = magnitude(True, rw.unary(rw.scalar(above, "mul", 0.5, dtype=FP32), "sqrt", FP32))
+        as_sinh = magnitude(False, rw.unary(rw.scalar(below, "mul", 0.5, dtype=FP32), "sqrt", FP32))
+        up, down = (as_cosh, as_sinh) if kind == "v" else (as_sinh, as_cosh)
+        mag = _select(rw, negative, down, up)
+    value = _select(rw, rw.binary("and", negative, odd), rw.unary(mag, "neg", FP32), mag)
+    return _select(rw, rw.scalar(big_y, "eq", math.inf), _nan(rw, y), value)
 
 
 def _chebyshev(kind: str, shifted: bool):
