@@ -8,7 +8,9 @@ data-independent compositions of elementwise nodes that follow torch's CPU kerne
   an unrolled recurrence, torch's fp32 steps, each step's value selected where n equals it; above torch's own
   threshold (n > 6, 8, or 4 for shifted W) |y| < 1 takes trigonometric forms instead, as torch (cos(n t),
   sin((n + 1) t) / sin t, cos((n + 1/2) t) / cos(t / 2), sin((n + 1/2) t) / sin(t / 2)) but with t = acos|y| and
-  the reflections to y < 0 (torch's t = acos y near pi loses V's and W's accuracy near y = -1). Beyond n = 32,
+  the reflections to y < 0 (torch's t = acos y near pi loses V's and W's accuracy near y = -1), the angle
+  (n + c) t as an fp32 pair, and for the shifted forms the rounding of y = 2x - 1 carried through acos (near
+  |y| = 1 it moves t by up to 3%, which the float64 result sees and torch's fp32 does not). Beyond n = 32,
   |y| > 1 takes the hyperbolic forms with a = acosh|y|: cosh(n a), sinh((n + 1) a) / sinh a,
   cosh((n + 1/2) a) / cosh(a / 2), sinh((n + 1/2) a) / sinh(a / 2) (V and W swap and take (-1)^n below -1), as
   exp(z - log(2 d)) once the argument z passes 9, so a quotient of overflowing terms stays finite; a and z are fp32
@@ -150,24 +152,35 @@ def _chebyshev_edge(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
     return _select(rw, positive, rw.binary("mul", one, n21, FP32), sign)
 
 
-def _chebyshev_inside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
+def _chebyshev_inside(rw: Rewriter, kind: str, y, nt, odd, y_lo: ir.Node | None = None) -> ir.Node:
     """|y| < 1, n above torch's threshold: the trigonometric forms in t = acos|y| <= pi/2, by the reflections
     P(-y) = (-1)^n P(y) for T and U, V(-y) = (-1)^n W(y) and W(-y) = (-1)^n V(y): torch's t = acos y near pi makes
     V's and W's quotients of two small, absolutely rounded values (and its guard, sin(t / 2) == 1, returns the
-    limit 2n + 1 where the value is 2% off at n = 1000); the small angle's relative rounding keeps them right."""
+    limit 2n + 1 where the value is 2% off at n = 1000); the small angle's relative rounding keeps them right. The
+    angle (n + c) t is a pair (Dekker's product, plus (n + c) times the shifted y's rounding error `y_lo` carried
+    through acos), applied as cos(z + e) = cos z cos e - sin z sin e, sin(z + e) likewise."""
     t = rw.unary(rw.unary(y, "abs", FP32), "acos", FP32)
     negative = rw.scalar(y, "lt", 0.0)
-    if kind in ("t", "u"):
-        if kind == "t":
-            value = rw.unary(rw.binary("mul", nt, t, FP32), "cos", FP32)
-        else:
-            angle = rw.binary("mul", rw.scalar(nt, "add", 1.0, dtype=FP32), t, FP32)
-            value = rw.binary("div", rw.unary(angle, "sin", FP32), rw.unary(t, "sin", FP32), FP32)
+    shift = {"t": 0.0, "u": 1.0}.get(kind, 0.5)
+    m = rw.scalar(nt, "add", shift, dtype=FP32) if shift else nt
+    z, z_lo = _two_prod(rw, m, t)
+    if y_lo is not None:   # the shifted forms' y = 2x - 1 rounds: acos(|y| + e) = t - e / sin t for e = sign(y) y_lo
+        dt = rw.binary("div", y_lo, rw.unary(t, "sin", FP32), FP32)
+        dt = _select(rw, negative, dt, rw.unary(dt, "neg", FP32))
+        z_lo = rw.binary("add", z_lo, rw.binary("mul", m, dt, FP32), FP32)
+        t = rw.binary("add", t, dt, FP32)   # for the denominators
+    cos_z, sin_z = rw.unary(z, "cos", FP32), rw.unary(z, "sin", FP32)
+    cos_e, sin_e = rw.unary(z_lo, "cos", FP32), rw.unary(z_lo, "sin", FP32)
+    cos_a = rw.binary("sub", rw.binary("mul", cos_z, cos_e, FP32), rw.binary("mul", sin_z, sin_e, FP32), FP32)
+    sin_a = rw.binary("add", rw.binary("mul", sin_z, cos_e, FP32), rw.binary("mul", cos_z, sin_e, FP32), FP32)
+    if kind == "t":
+        value = cos_a
+    elif kind == "u":
+        value = rw.binary("div", sin_a, rw.unary(t, "sin", FP32), FP32)
     else:
-        angle = rw.binary("mul", rw.scalar(nt, "add", 0.5, dtype=FP32), t, FP32)
         half = rw.scalar(t, "mul", 0.5, dtype=FP32)
-        as_v = rw.binary("div", rw.unary(angle, "cos", FP32), rw.unary(half, "cos", FP32), FP32)
-        as_w = rw.binary("div", rw.unary(angle, "sin", FP32), rw.unary(half, "sin", FP32), FP32)
+        as_v = rw.binary("div", cos_a, rw.unary(half, "cos", FP32), FP32)
+        as_w = rw.binary("div", sin_a, rw.unary(half, "sin", FP32), FP32)
         above, below = (as_v, as_w) if kind == "v" else (as_w, as_v)
         value = _select(rw, negative, below, above)
     return _select(rw, rw.binary("and", negative, odd), rw.unary(value, "neg", FP32), value)
@@ -241,12 +254,19 @@ def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
 def _chebyshev(kind: str, shifted: bool):
     def lower(rw: Rewriter, n, a):
         x, nt, valid = _operands(rw, n, a)
-        y = rw.scalar(rw.binary("add", x, x, FP32), "sub", 1.0, dtype=FP32) if shifted else x
+        y, y_lo = x, None
+        if shifted:   # y = 2x - 1 and its rounding error (Knuth's two-sum; 2x is exact)
+            x2 = rw.binary("add", x, x, FP32)
+            y = rw.scalar(x2, "sub", 1.0, dtype=FP32)
+            back = rw.scalar(y, "add", 1.0, dtype=FP32)
+            y_lo = rw.binary("add", rw.binary("sub", x2, back, FP32),
+                             rw.unary(rw.scalar(rw.binary("sub", back, y, FP32), "sub", 1.0, dtype=FP32), "neg", FP32),
+                             FP32)
         y2 = rw.binary("add", y, y, FP32)
         odd = _odd(rw, nt)
         threshold = CHEBYSHEV[kind][1 if shifted else 0]
         ay = rw.unary(y, "abs", FP32)
-        big = _select(rw, rw.scalar(ay, "lt", 1.0), _chebyshev_inside(rw, kind, y, nt, odd),
+        big = _select(rw, rw.scalar(ay, "lt", 1.0), _chebyshev_inside(rw, kind, y, nt, odd, y_lo),
                       _chebyshev_outside(rw, kind, y, nt, odd))
         big = _select(rw, rw.binary("ne", y, y), _nan(rw, y), big)
         small = _unrolled(rw, nt, _chebyshev_first(rw, kind, y, y2),
