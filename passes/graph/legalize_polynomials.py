@@ -16,7 +16,9 @@ data-independent compositions of elementwise nodes that follow torch's CPU kerne
   exp(z - log(2 d)) once the argument z passes 9, so a quotient of overflowing terms stays finite; a and z are fp32
   pairs, so the relative error is about z times log's ulp: at most 9.7e-6 measured (|y| in (1, 3], n = 33..1000),
   below eager's recurrence for T, V and W (its error grows as n ulps), but up to 3.6 times eager's for U at
-  n = 33..100 (eager's U recurrence errs by only 1.3e-6 to 3.3e-6 there).
+  n = 33..100 (eager's U recurrence errs by only 1.3e-6 to 3.3e-6 there). The shifted forms carry y's rounding
+  into |y| - 1 and rho. At fp32's overflow boundary (the last finite n of an x) torch's value may be Inf where
+  this is finite or the reverse, and Inf where this gives NaN one step later or earlier (measured at y = 1.25, n = 129).
   Where torch's fp32 recurrence overflows it returns +-Inf for two steps, then Inf - Inf = NaN: the rule gives
   NaN where the closed form two steps back already overflows (z - 2a - log(2 d) > log of fp32's largest value),
   the boundary exact only to within the rounding of z. An infinite y gives NaN, as torch (n > 4), and a NaN y
@@ -201,7 +203,7 @@ def _two_prod(rw: Rewriter, u: ir.Node, v: ir.Node) -> tuple[ir.Node, ir.Node]:
     return p, _select(rw, rw.binary("ne", e, e), rw.filled(0.0, e.shape, FP32), e)
 
 
-def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
+def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd, y_lo: ir.Node | None = None) -> ir.Node:
     """|y| > 1, n above the threshold: sign * f(z) / d with a = acosh|y| = log(Y + sqrt((Y - 1)(Y + 1))), the root
     and the sum as fp32 pairs (so a errs by log's ulp alone), z = (n + c) a as a pair too, f cosh or sinh and d 1,
     sinh a = sqrt(Y^2 - 1), cosh(a / 2) = sqrt((Y + 1) / 2) or sinh(a / 2) = sqrt((Y - 1) / 2); f(z_hi + z_lo) =
@@ -210,6 +212,10 @@ def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
     big_y = rw.unary(y, "abs", FP32)
     negative = rw.scalar(y, "lt", 0.0)
     below = rw.scalar(big_y, "sub", 1.0, dtype=FP32)                     # exact
+    move = None
+    if y_lo is not None:   # the shifted y's rounding: |y| - 1 + e (e = sign(y) y_lo), e added to rho's low part too
+        move = _select(rw, negative, rw.unary(y_lo, "neg", FP32), y_lo)
+        below = rw.binary("add", below, move, FP32)
     above = rw.scalar(big_y, "add", 1.0, dtype=FP32)
     above_lo = rw.binary("sub", rw.filled(1.0, y.shape, FP32), rw.binary("sub", above, big_y, FP32), FP32)
     d_hi, d_lo = _two_prod(rw, below, above)
@@ -220,6 +226,8 @@ def _chebyshev_outside(rw: Rewriter, kind: str, y, nt, odd) -> ir.Node:
                                          FP32), rw.scalar(root, "mul", 2.0, dtype=FP32), FP32)
     rho = rw.binary("add", big_y, root, FP32)
     rho_lo = rw.binary("add", rw.binary("sub", root, rw.binary("sub", rho, big_y, FP32), FP32), root_lo, FP32)
+    if move is not None:
+        rho_lo = rw.binary("add", rho_lo, move, FP32)
     a = rw.unary(rho, "log", FP32)
     a_lo = rw.binary("div", rho_lo, rho, FP32)
     shift = {"t": 0.0, "u": 1.0}.get(kind, 0.5)
@@ -267,7 +275,7 @@ def _chebyshev(kind: str, shifted: bool):
         threshold = CHEBYSHEV[kind][1 if shifted else 0]
         ay = rw.unary(y, "abs", FP32)
         big = _select(rw, rw.scalar(ay, "lt", 1.0), _chebyshev_inside(rw, kind, y, nt, odd, y_lo),
-                      _chebyshev_outside(rw, kind, y, nt, odd))
+                      _chebyshev_outside(rw, kind, y, nt, odd, y_lo))
         big = _select(rw, rw.binary("ne", y, y), _nan(rw, y), big)
         small = _unrolled(rw, nt, _chebyshev_first(rw, kind, y, y2),
                           lambda k, q, p: _fused(rw, y, q, p, 1), UNROLLED, big)
