@@ -24,6 +24,7 @@ from trnc.passes.graph import legalize_index  # noqa: F401  (registers the arg-r
 from trnc.passes.graph import legalize_matmul  # noqa: F401  (registers the matmul and attention rules)
 from trnc.passes.graph import legalize_math  # noqa: F401  (registers the math function rules)
 from trnc.passes.graph import legalize_nn  # (registers the activation, padding and norm rules; row statistics)
+from trnc.passes.graph import legalize_polynomials  # noqa: F401  (registers the orthogonal polynomial rules)
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_strided  # noqa: F401  (registers as_strided, view scatters, max_unpool)
