@@ -1,0 +1,76 @@
+"""legalize rules of nn and creation odds and ends (issue 16), composed from the existing rules and the trnc op
+set (registered in passes/graph/legalize_table.py's `pm_legalize`).
+
+Batch norm's functional forms: `_native_batch_norm_legit_functional` with training=False is the inference batch
+norm of passes/graph/legalize_conv.py with the running statistics returned unchanged (its rule here replaces
+legalize_nn's, which it calls for training=True); `_batch_norm_with_update_functional` is the training batch norm
+of passes/graph/legalize_nn.py plus the running statistics moved toward the batch's (variance unbiased), as
+torch's kernel does.
+
+embedding_renorm (embedding with max_norm, functionalized to a new weight): every row some index reads whose
+p-norm exceeds max_norm is scaled by max_norm / (norm + 1e-7), as torch's CPU kernel does; which rows are read
+is a compare of the indices with the row numbers (exact: row numbers below 2^24), reduced over the indices.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from trnc.isa.dtypes import DType
+from trnc.passes.graph import legalize_conv, legalize_nn, legalize_tail
+from trnc.passes.graph.legalize_index import EXACT_FP32
+from trnc.passes.graph.legalize_table import rule
+
+if TYPE_CHECKING:
+    from trnc.passes.graph.legalize import Rewriter
+
+FP32 = DType.FP32
+
+
+# -- batch norm's functional forms -------------------------------------------------------------------------
+@rule("aten._native_batch_norm_legit_functional.default")
+def _batch_norm_functional(rw: Rewriter, n, a):
+    """Training: legalize_nn's rule. Inference (training=False): the running statistics normalize, as
+    `_native_batch_norm_legit_no_training` does, and come back unchanged; save_mean and save_rstd are empty."""
+    if a["training"]:
+        return legalize_nn._batch_norm_training(rw, n, a)
+    out, *_ = legalize_conv._batch_norm(rw, n, a)
+    (_, mean_out), (_, rstd_out), (_, mean_dtype), (_, var_dtype) = n.attrs["outputs"][1:]
+    return [out, rw.filled(0, (0,), mean_out), rw.filled(0, (0,), rstd_out),
+            rw.cast(a["running_mean"], mean_dtype), rw.cast(a["running_var"], var_dtype)]
+
+
+@rule("aten._batch_norm_with_update_functional.default")
+def _batch_norm_with_update(rw: Rewriter, n, a):
+    """Training batch norm returning (out, save_mean, save_invstd, reserve (empty), new running_mean, new
+    running_var): legalize_nn's functional training rule computes all but the reserve."""
+    if 0 in a["input"].shape:   # statistics over no values
+        return legalize_nn.empty_outputs(rw, n)
+    y, mean, invstd, running_mean, running_var = legalize_nn._batch_norm_training(rw, n, {**a, "training": True})
+    shape, dtype = n.attrs["outputs"][3]
+    return [y, mean, invstd, rw.filled(0, shape, dtype), running_mean, running_var]
+
+
+# -- embedding with max_norm -------------------------------------------------------------------------------
+@rule("aten.embedding_renorm.default")
+def _embedding_renorm(rw: Rewriter, n, a):
+    """The weight with each row that `indices` reads scaled by max_norm / (norm + 1e-7) where its `norm_type`
+    norm exceeds max_norm (torch's embedding_renorm_, functional)."""
+    weight, indices, max_norm, p = a["input"], a["indices"], float(a["max_norm"]), float(a["norm_type"])
+    if not n.dtype.is_float:
+        rw.fail(f"of a {n.dtype.text} weight is not supported")
+    rows = weight.shape[0]
+    if rows >= EXACT_FP32:
+        rw.fail(f"of {rows} rows is not supported: row numbers above 2^24 are not exact in fp32")
+    if 0 in weight.shape or 0 in indices.shape:
+        return weight
+    flat = rw.reshape(rw.cast(indices, DType.INT32), (math.prod(indices.shape), 1))
+    numbers = rw.const(torch.arange(rows, dtype=torch.int32).reshape(1, rows), DType.INT32)
+    read = rw.reduce(rw.cast(rw.binary("eq", flat, numbers), FP32), "max", (0,), False, FP32)   # [rows], 0 or 1
+    norm = legalize_tail._norm(rw, weight, p, (1,), False, FP32)
+    scale = rw.scalar(rw.scalar(norm, "add", 1e-7, dtype=FP32), "div", max_norm, reverse=True, dtype=FP32)
+    scaled = rw.binary("and", rw.scalar(read, "gt", 0.5), rw.scalar(norm, "gt", max_norm))
+    factor = rw.where(scaled, scale, rw.filled(1.0, (rows,), FP32), FP32)
+    return rw.binary("mul", weight, rw.reshape(factor, (rows, 1)), n.dtype)

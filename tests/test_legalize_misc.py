@@ -1,0 +1,86 @@
+"""The odds and ends of passes/graph/legalize_misc.py compiled end to end (trnc.compile, the JIT) against eager
+torch or float64, and the refusals that name the op.
+
+Tolerances (fp32): batch norm's outputs within 2^-18 of the largest |output| (absolute; fp32 statistics over at
+most 60 values, each output a few roundings of x - mean times a scale: a few ulp of the scale, and eager's
+summation order differs); the running statistics exactly what they were (inference) or within 2^-20 relative of
+eager (one multiply-add of a mean or variance computed with a different summation order). embedding_renorm's
+rows within 2^-21 relative of eager (a norm of <= 8 terms, one division and one product: a few ulp).
+"""
+import math
+
+import pytest
+import torch
+
+import trnc
+from modules import Fn
+
+
+def compiled(fn, *xs):
+    return trnc.compile(Fn(fn).eval(), xs, cache=False)
+
+
+def outputs_of(fn, *xs):
+    got, ref = compiled(fn, *xs)(*xs), fn(*xs)
+    return (got, ref) if isinstance(ref, (tuple, list)) else ((got,), (ref,))
+
+
+# -- batch norm's functional forms -------------------------------------------------------------------------
+def _bn_inputs(shape, seed):
+    torch.manual_seed(seed)
+    c = shape[1]
+    return torch.randn(*shape) * 3 + 1, torch.randn(c), torch.rand(c) + 0.1, torch.randn(c), torch.randn(c)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5), (2, 2, 3, 4), (3, 1), (1, 2, 7)])
+def test_functional_batch_norm_inference_returns_running_stats_unchanged(shape):
+    x, rm, rv, w, b = _bn_inputs(shape, 2101)
+    def fn(x, rm, rv, w, b):
+        return torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, False, 0.3, 1e-5)
+    got, ref = outputs_of(fn, x, rm, rv, w, b)
+    assert [g.shape for g in got] == [r.shape for r in ref] and ref[1].shape == (0,) and ref[2].shape == (0,)
+    assert (got[0] - ref[0]).abs().max() <= 2.0 ** -18 * ref[0].abs().max()
+    assert torch.equal(got[3], rm) and torch.equal(got[4], rv)
+
+
+@pytest.mark.parametrize("shape, momentum", [((4, 3, 5), 0.3), ((2, 2, 3, 4), -1.0), ((3, 1), 0.0), ((5, 4), 1.5)])
+def test_batch_norm_with_update_matches_eager(shape, momentum):
+    x, rm, rv, w, b = _bn_inputs(shape, 2102)
+    def fn(x, rm, rv, w, b):
+        return torch.ops.aten._batch_norm_with_update_functional(x, w, b, rm, rv, momentum, 1e-5)
+    got, ref = outputs_of(fn, x, rm, rv, w, b)
+    assert [(g.shape, g.dtype) for g in got] == [(r.shape, r.dtype) for r in ref]
+    assert ref[3].shape == (0,) and ref[3].dtype == torch.uint8
+    assert (got[0] - ref[0]).abs().max() <= 2.0 ** -18 * ref[0].abs().max()
+    for k in (1, 2, 4, 5):   # save_mean, save_invstd, the new running mean and variance
+        assert ((got[k] - ref[k]).abs() <= 2.0 ** -20 * ref[k].abs() + 1e-7).all(), k
+
+
+
+# -- embedding with max_norm -------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
+def test_embedding_renorm_matches_eager(p):
+    torch.manual_seed(2104)
+    w = torch.randn(10, 8) * 1.5
+    idx = torch.tensor([[1, 3, 3], [9, 0, 1]])
+    w[0] = w[0] / w[0].norm(p) * 0.5   # row 0 is read but below max_norm: unchanged
+    def fn(w, i):
+        return torch.ops.aten.embedding_renorm(w, i, 1.5, p)
+    (got,), (ref,) = outputs_of(fn, w, idx)
+    assert ((got - ref).abs() <= 2.0 ** -21 * ref.abs()).all()
+    unread = [2, 4, 5, 6, 7, 8]
+    assert torch.equal(got[unread], w[unread]) and torch.equal(got[0], w[0])
+    assert not torch.equal(got[3], w[3])   # read and scaled
+
+
+def test_embedding_with_max_norm_through_torch_compile_mutates_the_weight():
+    torch.manual_seed(2105)
+    w = torch.randn(6, 4) * 2
+    idx = torch.tensor([5, 2, 2])
+    ref_w = w.clone()
+    ref = torch.nn.functional.embedding(idx, ref_w, max_norm=1.0)
+    fn = torch.compile(lambda i, w: torch.nn.functional.embedding(i, w, max_norm=1.0), backend="trnc")
+    got = fn(idx, w)
+    torch.testing.assert_close(got, ref, rtol=2.0 ** -21, atol=0)
+    torch.testing.assert_close(w, ref_w, rtol=2.0 ** -21, atol=0)
+
