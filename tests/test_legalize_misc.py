@@ -5,12 +5,16 @@ Tolerances (fp32): batch norm's outputs within 2^-18 of the largest |output| (ab
 most 60 values, each output a few roundings of x - mean times a scale: a few ulp of the scale, and eager's
 summation order differs); the running statistics exactly what they were (inference) or within 2^-20 relative of
 eager (one multiply-add of a mean or variance computed with a different summation order). embedding_renorm's
-rows within 2^-21 relative of eager (a norm of <= 8 terms, one division and one product: a few ulp).
+rows within 2^-21 relative of eager (a norm of <= 8 terms, one division and one product: a few ulp). The chunked
+linear cross entropy within 2^-18 of the largest loss, against float64 (16-term dot products, a log-sum-exp over
+11 classes and a weighted sum of 9 rows: a few ulp of the largest term each).
 """
 import math
 
 import pytest
 import torch
+
+import torch.nn.functional as F
 
 import trnc
 from modules import Fn
@@ -84,3 +88,37 @@ def test_embedding_with_max_norm_through_torch_compile_mutates_the_weight():
     torch.testing.assert_close(got, ref, rtol=2.0 ** -21, atol=0)
     torch.testing.assert_close(w, ref_w, rtol=2.0 ** -21, atol=0)
 
+
+
+# -- chunked linear cross entropy --------------------------------------------------------------------------
+def _lce(reduction, **kw):
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=3, allow_retain_graph=True)
+    return lambda x, lw, t, *p: F.linear_cross_entropy(x, lw, t, reduction=reduction, options=options,
+                                                       **dict(zip(kw.get("names", ()), p)), **kw.get("extra", {}))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("names, extra", [((), {}), (("linear_bias", "weight"), {}),
+                                          (("weight",), {"ignore_index": 2})])
+def test_chunked_linear_cross_entropy_matches_float64(reduction, names, extra):
+    """The chunked custom op against the reference path (linear, then cross_entropy) in float64; ignored rows
+    (the default -100, or a class number) weigh 0."""
+    torch.manual_seed(2106)
+    x, lw, b, w = torch.randn(9, 16), torch.randn(11, 16), torch.randn(11), torch.rand(11) + 0.5
+    t = torch.randint(0, 11, (9,))
+    t[4] = extra.get("ignore_index", -100)
+    params = [{"linear_bias": b, "weight": w}[k] for k in names]
+    fn = _lce(reduction, names=names, extra=extra)
+    got = compiled(fn, x, lw, t, *params)(x, lw, t, *params)
+    exact = F.linear_cross_entropy(x.double(), lw.double(), t, reduction=reduction, **extra,
+                                   **{k: p.double() for k, p in zip(names, params)})
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert ((got.double() - exact).abs() <= 2.0 ** -18 * exact.abs().max()).all()   # a sum of 16 products, exp, log
+
+
+def test_chunked_linear_cross_entropy_of_ignored_rows_only_is_nan():
+    torch.manual_seed(2107)
+    x, lw, t = torch.randn(4, 5), torch.randn(6, 5), torch.full((4,), -100)
+    fn = _lce("mean")
+    assert compiled(fn, x, lw, t)(x, lw, t).isnan() and fn(x, lw, t).isnan()
+    assert compiled(_lce("sum"), x, lw, t)(x, lw, t) == 0

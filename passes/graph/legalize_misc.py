@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from trnc.isa.dtypes import DType
-from trnc.passes.graph import legalize_conv, legalize_nn, legalize_tail
+from trnc.passes.graph import legalize_conv, legalize_matmul, legalize_nn, legalize_tail
 from trnc.passes.graph.legalize_index import EXACT_FP32
-from trnc.passes.graph.legalize_table import rule
+from trnc.passes.graph.legalize_table import Unusable, rule, take
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -74,3 +74,45 @@ def _embedding_renorm(rw: Rewriter, n, a):
     scaled = rw.binary("and", rw.scalar(read, "gt", 0.5), rw.scalar(norm, "gt", max_norm))
     factor = rw.where(scaled, scale, rw.filled(1.0, (rows,), FP32), FP32)
     return rw.binary("mul", weight, rw.reshape(factor, (rows, 1)), n.dtype)
+
+
+# -- chunked linear cross entropy --------------------------------------------------------------------------
+@rule("torch_nn._linear_cross_entropy_batch_chunked.default",
+      "torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default")
+def _linear_cross_entropy(rw: Rewriter, n, a):
+    """F.linear_cross_entropy's chunked ops (torch/nn/modules/linear_cross_entropy.py): logits = input @
+    linear_weight.T + linear_bias, then each row's loss w[n] (logsumexp(logits[n]) - logits[n, target[n]]) with
+    w[n] the class weight of its target (1 without weights) and 0 where target is ignore_index; 'mean' divides the
+    sum by the sum of w (NaN when it is 0), 'sum' sums, the no_reduction op returns the rows. The chunks only bound
+    eager's memory: the result is one matmul and one log_softmax. The scalar op's gradient outputs (computed in
+    forward when autograd needs them) are not: empty ones are empty, others unusable."""
+    x, lw, target, bias, weight = a["input"], a["linear_weight"], a["target"], a["linear_bias"], a["weight"]
+    reduction = a.get("reduction", "none")
+    if float(a.get("label_smoothing", 0.0)) != 0.0:
+        rw.fail("with label_smoothing is not supported (F.linear_cross_entropy does not take the chunked path then)")
+    (batch, _), classes = x.shape, lw.shape[0]
+    if classes >= EXACT_FP32:
+        rw.fail(f"over {classes} classes is not supported: class numbers above 2^24 are not exact in fp32")
+    loss_dtype = n.attrs["outputs"][0][1] if "outputs" in n.attrs else n.dtype
+    logits = legalize_matmul._matmul(rw, x, rw.permute(lw, (1, 0)), FP32,
+                                     lambda p, **arith: p if bias is None else rw.binary("add", p, bias, FP32))
+    ignored = rw.scalar(target, "eq", a["ignore_index"])
+    picked = rw.where(ignored, rw.filled(0, target.shape, DType.INT32), rw.cast(target, DType.INT32), DType.INT32)
+    if batch:
+        logp = rw.emit("log_softmax", (logits,), logits.shape, FP32)
+        nll = rw.scalar(rw.reshape(legalize_tail._gather_along(rw, logp, 1, rw.reshape(picked, (batch, 1))),
+                                   (batch,)), "mul", -1.0, dtype=FP32)
+    else:
+        nll = rw.filled(0.0, (0,), FP32)
+    w = rw.filled(1.0, (batch,), FP32) if weight is None else rw.cast(take(rw, weight, 0, picked), FP32)
+    w = rw.where(ignored, rw.filled(0.0, (batch,), FP32), w, FP32)
+    losses = rw.binary("mul", w, nll, FP32)
+    if reduction == "none":
+        return rw.cast(losses, loss_dtype)
+    total = rw.reduce(losses, "sum", (0,), False, FP32)
+    if reduction == "mean":
+        d = rw.reduce(w, "sum", (0,), False, FP32)
+        total = rw.where(rw.scalar(d, "eq", 0), rw.filled(math.nan, (), FP32), rw.binary("div", total, d, FP32), FP32)
+    grads = [rw.filled(0, shape, dtype) if 0 in shape else Unusable("a gradient computed in forward")
+             for shape, dtype in n.attrs["outputs"][1:]]
+    return [rw.cast(total, loss_dtype)] + grads
