@@ -149,3 +149,40 @@ def test_antialiased_resize_to_one_column_with_height_resized_is_refused():
     x = torch.randn(1, 2, 6, 4)
     with pytest.raises(UnsupportedOpError, match="aten._upsample_bilinear2d_aa"):
         compiled(lambda x: F.interpolate(x, size=(3, 1), mode="bilinear", antialias=True), x)
+
+
+# -- ldexp -------------------------------------------------------------------------------------------------
+def _bitwise_equal(got, ref):
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    same = (got == ref) | (got.isnan() & ref.isnan())
+    assert same.all(), f"got {got[~same][:4].tolist()} eager {ref[~same][:4].tolist()}"
+    assert torch.equal(got.signbit() | got.isnan(), ref.signbit() | ref.isnan())
+
+
+@pytest.mark.parametrize("x_dtype, other_dtype", [(torch.float32, torch.int64), (torch.float32, torch.int32),
+                                                   (torch.float32, torch.float32), (torch.bfloat16, torch.int64),
+                                                   (torch.float16, torch.int64)])
+def test_ldexp_is_bit_exact_with_overflow_and_underflow(x_dtype, other_dtype):
+    """Exponents from -330 to 329 (integer ones: eager's exact product rounded once, finite past 2^128 and
+    subnormal below 2^-149; float ones: 2^e in fp32 first, inf and 0 there): bit for bit, with 0, inf, NaN,
+    subnormal and huge x, and the 2^-150 tie."""
+    torch.manual_seed(2109)
+    x = torch.cat([torch.randn(1000) * 3, torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -3e38,
+                                                         2.0 ** -126, 1.0, 1.5, 3.0])]).to(x_dtype)
+    other = torch.cat([torch.randint(-330, 330, (1000,)),
+                       torch.tensor([300, -300, -1, 200, -200, 1, 127, -150, -150, -150, -150])]).to(other_dtype)
+    (got,), (ref,) = outputs_of(torch.ldexp, x, other)
+    _bitwise_equal(got, ref)
+
+
+def test_ldexp_of_fractional_exponents_and_mixed_dtypes():
+    """A fractional exponent: 2^e within 2 ulp (the machine's pow), the product one more rounding: 2^-21
+    relative. bf16 x with integer e promotes to fp32 (exact); integer x and e give fp32."""
+    torch.manual_seed(2110)
+    x, e = torch.randn(64), torch.rand(64) * 40 - 20
+    (got,), (ref,) = outputs_of(torch.ldexp, x, e)
+    assert ((got - ref).abs() <= 2.0 ** -21 * ref.abs()).all()
+    xb, ei, xi = torch.randn(16).bfloat16(), torch.randint(-20, 20, (16,)), torch.randint(-99, 99, (16,))
+    for args in ((xb, ei), (xi, ei)):
+        (got,), (ref,) = outputs_of(torch.ldexp, *args)
+        _bitwise_equal(got, ref)
