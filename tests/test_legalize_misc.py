@@ -186,3 +186,52 @@ def test_ldexp_of_fractional_exponents_and_mixed_dtypes():
     for args in ((xb, ei), (xi, ei)):
         (got,), (ref,) = outputs_of(torch.ldexp, *args)
         _bitwise_equal(got, ref)
+
+
+# -- linspace and logspace with tensor bounds --------------------------------------------------------------
+BOUNDS = [(-2.0, 4.3), (1000.0, -7.5), (0.1, 0.2)]
+
+
+@pytest.mark.parametrize("steps", [2, 17, 1000])
+def test_linspace_of_tensor_bounds_matches_eager(steps):
+    """Eager's fp32 formula; its vectorized path rounds start + step * i0 + step * j instead of start + step * i,
+    so values may differ from eager's by an ulp or so of max(|start|, |end|): 2^-22 of it. The ends are exact."""
+    for s, e in BOUNDS:
+        start, end = torch.tensor(s), torch.tensor(e)
+        for fn, args in (((lambda a, b: torch.linspace(a, b, steps)), (start, end)),
+                         ((lambda a: torch.linspace(a, 3, steps)), (start,)),
+                         ((lambda b: torch.linspace(-1.5, b, steps)), (end,))):
+            (got,), (ref,) = outputs_of(fn, *args)
+            assert got.dtype == ref.dtype == torch.float32 and got.shape == (steps,)
+            assert (got - ref).abs().max() <= 2.0 ** -22 * ref.abs().max()
+            assert got[0] == ref[0] and got[-1] == ref[-1]
+
+
+def test_linspace_of_integer_tensor_bounds_one_step_and_refused_float64():
+    start, end = torch.tensor(-3), torch.tensor(50)
+    (got,), (ref,) = outputs_of(lambda a, b: torch.linspace(a, b, 50), start, end)
+    assert (got - ref).abs().max() <= 2.0 ** -22 * 50
+    (got,), (ref,) = outputs_of(lambda a, b: torch.linspace(a, b, 1), torch.tensor(2.5), end)
+    assert torch.equal(got, ref)
+    with pytest.raises(UnsupportedOpError, match="aten.linspace.Tensor_Tensor"):
+        compiled(lambda a, b: torch.linspace(a, b, 5, dtype=torch.float64), start, end)
+
+
+@pytest.mark.parametrize("base", [10.0, 2.0, 1.1, 5.0])
+def test_logspace_of_tensor_bounds_matches_float64(base):
+    """base^x of the fp32 exponents x (the linspace above): within 3 ulp of float64's base^x (the machine's pow
+    and the factor (base / fp32(base))^x; measured 2.2), and of eager within that plus |x ln base| times the
+    exponents' ulp difference (2^-22 of the largest bound)."""
+    for s, e in [(-2.0, 4.3), (-3.0, 30.0), (10.0, -7.5)]:
+        start, end = torch.tensor(s), torch.tensor(e)
+        (got,), (ref,) = outputs_of(lambda a, b: torch.logspace(a, b, 50, base), start, end)
+        (x,), _ = outputs_of(lambda a, b: torch.linspace(a, b, 50), start, end)
+        exact = torch.pow(torch.tensor(base, dtype=torch.float64), x.double())
+        assert ((got.double() - exact).abs() <= 3 * 2.0 ** -24 * exact).all()
+        slack = 3 * 2.0 ** -24 + math.log(base) * 2.0 ** -22 * max(abs(s), abs(e))
+        assert ((got - ref).abs() <= slack * ref.abs()).all()
+
+
+def test_logspace_with_a_nonpositive_base_is_refused():
+    with pytest.raises(UnsupportedOpError, match="aten.logspace.Tensor_Tensor"):
+        compiled(lambda a, b: torch.logspace(a, b, 5, -2.0), torch.tensor(1.0), torch.tensor(3.0))

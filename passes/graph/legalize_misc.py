@@ -21,6 +21,11 @@ max |x| from float64, where eager's fp32 kernel is 2^-19.6 off.
 
 ldexp: an integer exponent is exact ldexp (bit for bit with eager, past 2^128 and into the subnormals); a float
 one is x * 2^e as eager computes it: 1.63 ulp from the exact x * 2^e (eager's 1.40) over e in [-50, 50].
+
+linspace and logspace with 0-d tensor bounds (taken whole: torch's decomposition computes in float64, which the
+machine lacks): eager's fp32 kernel formula, the first half start + step * i, the second end - step * (steps - 1 -
+i); eager's vectorized loop rounds start + step * i0 + step * j instead, an ulp or so of the larger bound apart.
+logspace is base^x of those exponents with eager's double base: 2.2 ulp from float64's base^x.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trnc import ir
 from trnc.isa.dtypes import DType
 from trnc.passes.graph import legalize_conv, legalize_matmul, legalize_nn, legalize_tail
 from trnc.passes.graph.legalize_index import EXACT_FP32
@@ -204,3 +210,50 @@ def _ldexp(rw: Rewriter, n, a):
     for p in (first, second, third):
         y = rw.binary("mul", y, rw.scalar(p, "pow", 2.0, reverse=True, dtype=FP32), FP32)
     return keep_fp32_inside(rw.cast(y, n.dtype), x, other)
+
+
+# -- linspace and logspace with tensor bounds --------------------------------------------------------------
+def _bound(rw: Rewriter, value) -> ir.Node:
+    """A start or end as eager's kernel reads it (Scalar.to<float>): a 0-d tensor cast to fp32, a number rounded."""
+    if isinstance(value, ir.Node):
+        return rw.reshape(rw.cast(value, FP32), ())
+    return rw.scalar_const(float(torch.tensor(float(value), dtype=torch.float32)), FP32)
+
+
+def _linspace(rw: Rewriter, n, a) -> ir.Node:
+    """eager's fp32 linspace: step = (end - start) / (steps - 1), the first steps // 2 values start + step * i, the
+    rest end - step * (steps - 1 - i); one value is start."""
+    steps = a["steps"]
+    if n.dtype is not FP32 or n.attrs.get("float64"):
+        rw.fail(f"with dtype {n.dtype.text} is not supported (computed as eager's float32 kernel only)")
+    start, end = _bound(rw, a["start"]), _bound(rw, a["end"])
+    if steps == 1:
+        return rw.reshape(start, (1,))
+    step = rw.scalar(rw.binary("sub", end, start, FP32), "div", steps - 1, dtype=FP32)
+    half = steps // 2
+    i = torch.arange(steps, dtype=torch.float32)
+    low = rw.binary("add", start, rw.binary("mul", step, rw.const(i[:half], FP32), FP32), FP32)
+    high = rw.binary("sub", end, rw.binary("mul", step, rw.const((steps - 1) - i[half:], FP32), FP32), FP32)
+    return rw.cat([low, high] if half else [high], 0, FP32)
+
+
+@rule("aten.linspace.Tensor_Tensor", "aten.linspace.Tensor_Scalar", "aten.linspace.Scalar_Tensor", whole=True)
+def _linspace_rule(rw: Rewriter, n, a):
+    return _linspace(rw, n, a)
+
+
+@rule("aten.logspace.Tensor_Tensor", "aten.logspace.Tensor_Scalar", "aten.logspace.Scalar_Tensor", whole=True)
+def _logspace_rule(rw: Rewriter, n, a):
+    """base ^ (the fp32 linspace of the exponents), as eager's kernel, whose base is a double: a base fp32 cannot
+    hold is b = fp32(base) times (base / b), and (base / b)^x = exp(x d) with d = log(base) - log(b) in float64
+    (the machine's pow takes an fp32 base; 1.1^30 was 11 ulp off without the factor)."""
+    base = float(a["base"])
+    if base <= 0:
+        rw.fail(f"with base {base} is not supported (a power of a base <= 0)")
+    x = _linspace(rw, n, a)
+    b = float(torch.tensor(base, dtype=torch.float32))
+    power = rw.scalar(x, "pow", b, reverse=True, dtype=FP32)
+    d = math.log(base) - math.log(b)
+    if d == 0:
+        return power
+    return rw.binary("mul", power, rw.unary(rw.scalar(x, "mul", d, dtype=FP32), "exp", FP32), FP32)
