@@ -78,6 +78,15 @@ def test_embedding_renorm_matches_eager(p):
     assert not torch.equal(got[3], w[3])   # read and scaled
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_embedding_renorm_of_low_precision_weights_is_bit_exact(dtype):
+    """eager rounds the norm and the scale to the weight's dtype; so does the rule: bit for bit."""
+    torch.manual_seed(2111)
+    w, idx = (torch.randn(300, 16) * 0.5).to(dtype), torch.randint(0, 300, (200,))
+    (got,), (ref,) = outputs_of(lambda w, i: torch.ops.aten.embedding_renorm(w, i, 1.0, 2.0), w, idx)
+    assert torch.equal(got, ref)
+
+
 def test_embedding_with_max_norm_through_torch_compile_mutates_the_weight():
     torch.manual_seed(2105)
     w = torch.randn(6, 4) * 2

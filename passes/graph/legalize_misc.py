@@ -74,7 +74,9 @@ def _batch_norm_with_update(rw: Rewriter, n, a):
 @rule("aten.embedding_renorm.default")
 def _embedding_renorm(rw: Rewriter, n, a):
     """The weight with each row that `indices` reads scaled by max_norm / (norm + 1e-7) where its `norm_type`
-    norm exceeds max_norm (torch's embedding_renorm_, functional)."""
+    norm exceeds max_norm (torch's embedding_renorm_, functional). As eager, the norm and the scale are rounded
+    to the weight's dtype (a bf16 weight then matches eager bit for bit; fp32 within an ulp: eager divides in
+    double)."""
     weight, indices, max_norm, p = a["input"], a["indices"], float(a["max_norm"]), float(a["norm_type"])
     if not n.dtype.is_float:
         rw.fail(f"of a {n.dtype.text} weight is not supported")
@@ -87,10 +89,12 @@ def _embedding_renorm(rw: Rewriter, n, a):
     numbers = rw.const(torch.arange(rows, dtype=torch.int32).reshape(1, rows), DType.INT32)
     read = rw.reduce(rw.cast(rw.binary("eq", flat, numbers), FP32), "max", (0,), False, FP32)   # [rows], 0 or 1
     norm = legalize_tail._norm(rw, weight, p, (1,), False, FP32)
+    if n.dtype is not FP32:   # eager's norm is in w's dtype: rounded by a cast of its own (one inside _norm's
+        norm = rw.cast(rw.cast(norm, n.dtype), FP32)   # last node was not: a bf16 sqrt read as fp32 kept fp32)
     scale = rw.scalar(rw.scalar(norm, "add", 1e-7, dtype=FP32), "div", max_norm, reverse=True, dtype=FP32)
     scaled = rw.binary("and", rw.scalar(read, "gt", 0.5), rw.scalar(norm, "gt", max_norm))
-    factor = rw.where(scaled, scale, rw.filled(1.0, (rows,), FP32), FP32)
-    return rw.binary("mul", weight, rw.reshape(factor, (rows, 1)), n.dtype)
+    factor = rw.where(scaled, scale, rw.filled(1.0, (rows,), FP32), n.dtype)   # eager's scalar, in w's dtype
+    return keep_fp32_inside(rw.binary("mul", weight, rw.reshape(factor, (rows, 1)), n.dtype), weight, indices)
 
 
 # -- chunked linear cross entropy --------------------------------------------------------------------------
