@@ -48,6 +48,16 @@ def test_functional_batch_norm_inference_returns_running_stats_unchanged(shape):
     assert torch.equal(got[3], rm) and torch.equal(got[4], rv)
 
 
+def test_functional_batch_norm_inference_of_an_empty_batch():
+    x, rm, rv, w, b = _bn_inputs((0, 3, 4), 2112)
+
+    def fn(x, rm, rv):
+        return torch.ops.aten._native_batch_norm_legit_functional(x, None, None, rm, rv, False, 0.1, 1e-5)
+
+    got, ref = outputs_of(fn, x, rm, rv)
+    assert all(g.shape == r.shape for g, r in zip(got, ref)) and torch.equal(got[3], rm) and torch.equal(got[4], rv)
+
+
 @pytest.mark.parametrize("shape, momentum", [((4, 3, 5), 0.3), ((2, 2, 3, 4), -1.0), ((3, 1), 0.0), ((5, 4), 1.5)])
 def test_batch_norm_with_update_matches_eager(shape, momentum):
     x, rm, rv, w, b = _bn_inputs(shape, 2102)
