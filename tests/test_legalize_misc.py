@@ -145,9 +145,11 @@ def test_chunked_linear_cross_entropy_of_ignored_rows_only_is_nan():
 
 
 # -- antialiased bilinear resize ---------------------------------------------------------------------------
-@pytest.mark.parametrize("size, out, align, scale", [((10, 20), (3, 3), False, None), ((10, 20), None, False, (1.7, 0.9)),
-                                                     ((10, 20), None, True, (0.8, 1.0)), ((7, 5), (16, 2), True, None),
-                                                     ((1, 9), (1, 4), False, None), ((33, 6), (5, 6), False, None)])
+AA_CASES = [((10, 20), (3, 3), False, None), ((10, 20), None, False, (1.7, 0.9)), ((10, 20), None, True, (0.8, 1.0)),
+            ((7, 5), (16, 2), True, None), ((1, 9), (1, 4), False, None), ((33, 6), (5, 6), False, None)]
+
+
+@pytest.mark.parametrize("size, out, align, scale", AA_CASES)
 def test_antialiased_bilinear_resize_matches_eager(size, out, align, scale):
     """Each output is a convex combination of inputs (triangle filter weights >= 0, summing to 1): within 2^-21
     of the largest |input| of float64 (a few ulp: the weights' rounding to fp32 and the two fp32 passes; measured
