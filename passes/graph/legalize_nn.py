@@ -324,7 +324,7 @@ def _group_norm(rw: Rewriter, n, a):
     return [rw.reshape(y, x.shape), mean, rstd]
 
 
-@rule("aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_functional.default")
+@rule("aten._native_batch_norm_legit.no_stats")   # the functional ops: legalize_misc, which calls this
 def _batch_norm_training(rw: Rewriter, n, a):
     """Batch norm with the batch's statistics (training mode; instance norm is this on a [1, N*C, ...] view):
     each channel over the batch and spatial dims is one row of the layer norm. The functional form also returns
