@@ -310,7 +310,7 @@ def _group_norm(rw: Rewriter, n, a):
     return [rw.reshape(y, x.shape), mean, rstd]
 
 
-@rule("aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_functional.default")
+@rule("aten._native_batch_norm_legit.no_stats")   # the functional ops: legalize_misc, which calls this
 def _batch_norm_training(rw: Rewriter, n, a):
     """Batch norm with the batch's statistics (training mode; instance norm is this on a [1, N*C, ...] view):
     each channel over the batch and spatial dims is one row of the layer norm. The functional form also returns
@@ -335,10 +335,10 @@ def _batch_norm_training(rw: Rewriter, n, a):
     y = _affine(rw, y, a["weight"], a["bias"], 1, outputs[0])
     mean, rstd, squares = row_stats(rw, rows, a["eps"], FP32, outputs[2])
     result = [y, rw.cast(mean, outputs[1]), rstd]
-    if n.op == "aten._native_batch_norm_legit_functional.default":
+    if n.op in ("aten._native_batch_norm_legit_functional.default", "aten._batch_norm_with_update_functional.default"):
         count = rows.shape[1]
         unbiased = rw.scalar(squares, "mul", 1 / (count - 1) if count > 1 else math.nan, dtype=FP32)
-        for stat, running, dtype in ((mean, a["running_mean"], outputs[3]), (unbiased, a["running_var"], outputs[4])):
+        for stat, running, dtype in ((mean, a["running_mean"], outputs[-2]), (unbiased, a["running_var"], outputs[-1])):
             moved = rw.binary("add", rw.scalar(stat, "mul", momentum, dtype=FP32),
                               rw.scalar(running, "mul", 1 - momentum, dtype=FP32), dtype)
             result.append(moved)

@@ -30,6 +30,7 @@ from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, 
 from trnc.passes.graph import legalize_strided  # noqa: F401  (registers as_strided, view scatters, max_unpool)
 from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
+from trnc.passes.graph import legalize_misc  # noqa: F401  (registers the nn and creation odds and ends)
 from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
                                               keep_fp32_inside, pm_legalize, pm_whole, rule, take, truncated)
 
