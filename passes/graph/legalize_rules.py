@@ -26,6 +26,7 @@ from trnc.passes.graph import legalize_nn  # (registers the activation, padding 
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_segments  # noqa: F401  (registers segment_reduce and embedding_bag)
+from trnc.passes.graph import legalize_sample  # noqa: F401  (registers fractional max pools, grid samplers)
 from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
