@@ -4,6 +4,13 @@ JIT) against eager torch.
 Fractional max pools: values and indices bit for bit (the window starts are the same fp32 roundings as torch's,
 the max only selects), on many random `_random_samples`, output sizes 1 and larger, NaN inputs, unbatched input;
 non-float32 input is refused by name.
+
+Grid samplers: nearest bit for bit (the source coordinates are computed with torch's own fp32 roundings: the
+vectorized 2-d kernel's (g + 1) * f - 1/2, the scalar 3-d kernel's ((g + 1) * size - 1) / 2, so rint picks the same
+pixel); bilinear within |got - eager| <= (2^rank + 4 S) 2^-24 max|x| (S the largest input size): a sum of 2^rank
+products of one rounding each, and the weights' rounding (their factors are differences of coordinates below S,
+formed in another order than torch's 3-d kernel). Grid values at -1, 1, far outside (reflections over several
+spans), an input axis of size 1; bicubic and non-float32 refused by name.
 """
 import math
 
@@ -37,7 +44,7 @@ def test_fractional_max_pool_matches_eager_bit_for_bit(rank):
         def fn(a, u):
             return pool(a, kernel, out, u)
         run = compiled(fn, x, torch.rand(shape[0], shape[1], rank))
-        for _ in range(6):
+        for _ in range(3):
             u = torch.rand(shape[0], shape[1], rank)
             u.view(-1)[0] = 0.0
             u.view(-1)[1] = 1.0 - 2.0 ** -24   # the largest draw below 1
@@ -57,3 +64,53 @@ def test_fractional_max_pool_functional_unbatched_and_errors():
     with pytest.raises(UnsupportedOpError, match="fractional_max_pool2d.*float32 only"):
         xb = x.bfloat16()
         compiled(fn, xb, u.bfloat16())
+
+
+def grid_values(shape):
+    """Uniform in [-1.6, 1.6], with exact -1, 1, 0 and some far outside (several reflections)."""
+    g = torch.rand(shape) * 3.2 - 1.6
+    flat = g.view(-1)
+    flat[:4] = torch.tensor([-1.0, 1.0, 0.0, 1.0])
+    flat[4::29] = flat[4::29] * 5
+    return g
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sampler_matches_eager(rank, align):
+    torch.manual_seed(10 + rank + 2 * align)
+    shapes = [((2, 3, 5, 7), (2, 6, 4, 2)), ((1, 2, 1, 6), (1, 3, 3, 2))] if rank == 2 else \
+        [((2, 3, 4, 5, 6), (2, 3, 2, 4, 3)), ((1, 2, 3, 1, 4), (1, 2, 2, 2, 3))]
+    op = torch.ops.aten.grid_sampler_2d if rank == 2 else torch.ops.aten.grid_sampler_3d
+    for x_shape, g_shape in shapes[:1] if not align else shapes:   # the axis of size 1 aligned: reflection is 0
+        x, g = torch.randn(x_shape), grid_values(g_shape)
+        bound = (2 ** rank + 4 * max(x_shape[2:])) * 2.0 ** -24 * float(x.abs().max())
+        for mode in (0, 1):
+            for padding in (0, 1, 2):
+                def fn(a, b):
+                    return op(a, b, mode, padding, align)
+                got, ref = compiled(fn, x, g)(x, g), fn(x, g)
+                assert got.shape == ref.shape
+                if mode == 1:
+                    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+                else:
+                    err = float((got - ref).abs().max())
+                    assert err <= bound, (mode, padding, err, bound)
+
+
+def test_grid_sample_functional_and_refusals():
+    torch.manual_seed(3)
+    x, g = torch.randn(1, 2, 6, 6), grid_values((1, 4, 4, 2))
+
+    def fn(a, b):
+        return F.grid_sample(a, b, mode="bilinear", padding_mode="reflection", align_corners=False)
+    torch.testing.assert_close(compiled(fn, x, g)(x, g), fn(x, g), rtol=0, atol=2e-6)
+
+    def bicubic(a, b):
+        return F.grid_sample(a, b, mode="bicubic", align_corners=False)
+    with pytest.raises(UnsupportedOpError, match="grid_sampler_2d.*bicubic"):
+        compiled(bicubic, x, g)
+    with pytest.raises(UnsupportedOpError, match="grid_sampler_2d.*float32 only"):
+        compiled(fn, x.bfloat16(), g.bfloat16())
+    with pytest.raises(UnsupportedOpError, match="grid_sampler_2d.*sampled points"):
+        compiled(fn, x, torch.zeros(1, 300, 300, 2))

@@ -13,6 +13,19 @@ loop over the window taps, last axis fastest: the first element greater than all
 NaN), starting from the window's first element (legalize_conv's _window_argmax, with the positions data): each tap
 an element gather from the flattened input at ((n C + c) * in-volume + flat position), a compare and two selects.
 Values and indices are exact (selects of the input's values; positions below 2^24 in fp32).
+
+Grid samplers: per spatial axis the source coordinate from the grid in fp32 as torch's CPU kernels round it (the
+vectorized 2-d kernel: (g + 1) * f, less 1/2 unaligned, f = (size - 1) / 2 or size / 2; the scalar 3-d kernel:
+((g + 1) / 2) * (size - 1) or ((g + 1) * size - 1) / 2), then clipped to [0, size - 1] (border) or reflected and
+clipped (reflection: torch's reflect_coordinates, |c - low| fmod span, flipped on odd floor(|c - low| / span)).
+Bilinear: the 2^rank corners floor(c) and floor(c) + 1 with weights c - floor(c) and its complement, multiplied and
+added in torch's order (nw, ne, sw, se; t.. before b.. in 3-d); nearest: rint (half to even, torch's nearbyint).
+Each corner is a row gather of the input laid out [N * volume, C] at an fp32 flat position (exact below 2^24);
+a corner outside the input (and a NaN coordinate) gathers row 0 and is masked to 0 (zeros padding; border and
+reflection keep corners inside, but the weight-0 corner past the last). Nearest is bit for bit; bilinear within
+(2^rank + 4 S) 2^-24 max|x| of eager (S the largest input size: the products' roundings and the weights', whose
+factors the 3-d kernel forms in another order). Refused by name: bicubic, non-float32, more than MAX_POINTS
+sampled points.
 """
 from __future__ import annotations
 
@@ -100,3 +113,110 @@ def _fractional_max_pool(rw: Rewriter, n, a):
     values = keep_fp32_inside(rw.cast(best_value, out_dtype), x)
     indices = keep_fp32_inside(_to_int(rw, best, DType.INT32, volume), x)
     return [rw.reshape(values, out_shape), rw.reshape(rw.cast(indices, index_dtype), index_shape)]
+
+
+# -- grid sampling -------------------------------------------------------------------------------------------
+MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+# sampled points (N * output positions) past which a grid sampler is refused: each point is a row gather per corner,
+# and compile time grows with them (106k points of a 3-d sampler took 90 s to compile)
+MAX_POINTS = 1 << 16
+PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+def _unnormalized(rw: Rewriter, g: ir.Node, size: int, align: bool, rank: int) -> ir.Node:
+    """The source coordinate from grid values g in [-1, 1], as torch's CPU kernels round it: the vectorized 2-d
+    kernel (g + 1) * f (- 0.5), f = (size - 1) / 2 or size / 2 in fp32; the scalar 3-d one ((g + 1) / 2) * (size - 1)
+    or ((g + 1) * size - 1) / 2."""
+    g1 = rw.scalar(g, "add", 1.0, dtype=FP32)
+    if rank == 2:
+        factor = float(np.float32(size - 1) / np.float32(2)) if align else float(np.float32(size) / np.float32(2))
+        scaled = rw.scalar(g1, "mul", factor, dtype=FP32)
+        return scaled if align else rw.scalar(scaled, "sub", 0.5, dtype=FP32)
+    if align:
+        return rw.scalar(rw.scalar(g1, "div", 2.0, dtype=FP32), "mul", float(size - 1), dtype=FP32)
+    return rw.scalar(rw.scalar(rw.scalar(g1, "mul", float(size), dtype=FP32), "sub", 1.0, dtype=FP32), "div", 2.0,
+                     dtype=FP32)
+
+
+def _clipped(rw: Rewriter, c: ir.Node, size: int) -> ir.Node:
+    return rw.scalar(rw.scalar(c, "max", 0.0, dtype=FP32), "min", float(size - 1), dtype=FP32)
+
+
+def _reflected(rw: Rewriter, c: ir.Node, size: int, align: bool) -> ir.Node:
+    """torch's reflect_coordinates over [-1/2, size - 1/2] (or [0, size - 1] aligned), then clipped."""
+    twice_low, twice_high = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
+    if twice_low == twice_high:
+        return rw.filled(0.0, c.shape, FP32)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    a = rw.unary(rw.scalar(c, "sub", low, dtype=FP32), "abs", FP32)
+    extra = rw.scalar(a, "fmod", span, dtype=FP32)
+    flips = rw.unary(rw.scalar(a, "div", span, dtype=FP32), "floor", FP32)
+    even = rw.scalar(rw.scalar(flips, "fmod", 2.0, dtype=FP32), "eq", 0.0)
+    back = rw.scalar(rw.scalar(extra, "sub", span, reverse=True, dtype=FP32), "add", low, dtype=FP32)
+    return _clipped(rw, rw.where(even, rw.scalar(extra, "add", low, dtype=FP32), back, FP32), size)
+
+
+@rule("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
+def _grid_sampler(rw: Rewriter, n, a):
+    x, grid = a["input"], a["grid"]
+    rank = 3 if "3d" in n.op else 2
+    mode, padding, align = MODES.get(a["interpolation_mode"]), PADDINGS.get(a["padding_mode"]), a["align_corners"]
+    if mode not in ("bilinear", "nearest"):
+        rw.fail(f"with {mode or a['interpolation_mode']} interpolation is not supported (bilinear and nearest are)")
+    if padding is None:
+        rw.fail(f"with padding mode {a['padding_mode']} is not supported")
+    if x.dtype is not FP32 or grid.dtype is not FP32 or rw.torch_dtype(x) is not torch.float32:
+        rw.fail("is supported for float32 only: torch rounds the source coordinates in the input's dtype")
+    batch, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    out = grid.shape[1:-1]
+    volume = math.prod(spatial)
+    if batch * volume > EXACT_FP32:
+        rw.fail(f"of {batch * volume} input positions is not supported: positions past 2^24 are not exact in fp32")
+    if batch * math.prod(out) > MAX_POINTS:
+        rw.fail(f"is not supported at this size: {batch * math.prod(out)} sampled points, past {MAX_POINTS} (a row "
+                "gather per point and corner)")
+    coords = []   # per spatial axis, [N, *out] fp32 source coordinates
+    for d in range(rank):
+        g = rw.reshape(rw.slice(grid, rank + 1, rank - 1 - d, rank - d), (batch, *out))
+        c = _unnormalized(rw, g, spatial[d], align, rank)
+        if padding == "border":
+            c = _clipped(rw, c, spatial[d])
+        elif padding == "reflection":
+            c = _reflected(rw, c, spatial[d], align)
+        coords.append(c)
+    table = rw.reshape(rw.permute(x, (0, *range(2, rank + 2), 1)), (batch * volume, channels))
+    plane = rw.const(torch.arange(batch, dtype=torch.float32).reshape([batch] + [1] * rank) * volume, FP32)
+    zero = rw.scalar_const(0.0, FP32)
+
+    def corner(indices) -> ir.Node:
+        """The input's rows at integer fp32 positions per axis [N, *out]: [N, *out, C], 0 where out of bounds."""
+        inside, flat = None, plane
+        for d, i in enumerate(indices):
+            ok = rw.binary("and", rw.scalar(i, "ge", 0.0), rw.scalar(i, "le", float(spatial[d] - 1)))
+            inside = ok if inside is None else rw.binary("and", inside, ok)
+        for d, i in enumerate(indices):
+            safe = rw.where(inside, i, zero, FP32)   # NaN and far coordinates gather row 0, then are masked
+            stride = math.prod(spatial[d + 1:])
+            term = rw.scalar(safe, "mul", float(stride), dtype=FP32) if stride != 1 else safe
+            flat = rw.binary("add", flat, term, FP32)
+        rows = take(rw, table, 0, _to_int(rw, exact_index(flat), DType.INT32, batch * volume))
+        return rw.where(rw.reshape(inside, inside.shape + (1,)), rows, zero, FP32)
+
+    if mode == "nearest":
+        got = corner([rw.unary(c, "rint", FP32) for c in coords])
+    else:
+        lows = [rw.unary(c, "floor", FP32) for c in coords]
+        highs = [rw.scalar(f, "add", 1.0, dtype=FP32) for f in lows]
+        ups = [rw.binary("sub", c, f, FP32) for c, f in zip(coords, lows)]   # the weight of the upper neighbour
+        downs = [rw.scalar(u, "sub", 1.0, reverse=True, dtype=FP32) for u in ups]
+        got = None
+        for pick in itertools.product((0, 1), repeat=rank):   # nw, ne, sw, se (t.. then b.. in 3-d), as torch adds
+            weight = None
+            for d, p in enumerate(pick):
+                w = ups[d] if p else downs[d]
+                weight = w if weight is None else rw.binary("mul", weight, w, FP32)
+            value = corner([highs[d] if p else lows[d] for d, p in enumerate(pick)])
+            term = rw.binary("mul", value, rw.reshape(weight, weight.shape + (1,)), FP32)
+            got = term if got is None else rw.binary("add", got, term, FP32)
+    result = rw.permute(got, (0, rank + 1, *range(1, rank + 1)))
+    return keep_fp32_inside(rw.cast(result, n.dtype), x, grid)
