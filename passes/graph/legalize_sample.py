@@ -24,8 +24,11 @@ Each corner is a row gather of the input laid out [N * volume, C] at an fp32 fla
 a corner outside the input (and a NaN coordinate) gathers row 0 and is masked to 0 (zeros padding; border and
 reflection keep corners inside, but the weight-0 corner past the last). Nearest is bit for bit; bilinear within
 (2^rank + 4 S) 2^-24 max|x| of eager (S the largest input size: the products' roundings and the weights', whose
-factors the 3-d kernel forms in another order). Refused by name: bicubic, non-float32, more than MAX_POINTS
-sampled points.
+factors the 3-d kernel forms in another order). Bicubic (2-d, as torch): the 4 x 4 neighbours floor(c) - 1 .. + 2
+of the unpadded coordinate, each integer position padded (clipped or reflected) and masked as above, weighted by
+torch's cubic convolution coefficients (A = -0.75) of the fraction, along W first, then along H, in torch's order;
+within 2.25 (16 + 4 S) 2^-24 max|x| (the coefficients' absolute sum is at most 1.375 per axis). Refused by name:
+non-float32 input, more than MAX_POINTS sampled points.
 """
 from __future__ import annotations
 
@@ -156,13 +159,44 @@ def _reflected(rw: Rewriter, c: ir.Node, size: int, align: bool) -> ir.Node:
     return _clipped(rw, rw.where(even, rw.scalar(extra, "add", low, dtype=FP32), back, FP32), size)
 
 
+def _padded(rw: Rewriter, c: ir.Node, size: int, padding: str, align: bool) -> ir.Node:
+    """A source coordinate under the padding mode: as it is (zeros), clipped (border) or reflected."""
+    if padding == "border":
+        return _clipped(rw, c, size)
+    return _reflected(rw, c, size, align) if padding == "reflection" else c
+
+
+def _channel(rw: Rewriter, w: ir.Node) -> ir.Node:
+    return rw.reshape(w, w.shape + (1,))
+
+
+CUBIC_A = -0.75
+
+
+def _cubic_coefficients(rw: Rewriter, t: ir.Node) -> list[ir.Node]:
+    """torch's cubic convolution weights of the 4 neighbours at offsets -1, 0, 1, 2 for a fraction t, A = -0.75:
+    ((A + 2) v - (A + 3)) v v + 1 for |v| <= 1, ((A v - 5A) v + 8A) v - 4A for 1 < |v| < 2, in its order."""
+    def inner(v):
+        p = rw.scalar(rw.scalar(v, "mul", CUBIC_A + 2, dtype=FP32), "sub", CUBIC_A + 3, dtype=FP32)
+        return rw.scalar(rw.binary("mul", rw.binary("mul", p, v, FP32), v, FP32), "add", 1.0, dtype=FP32)
+
+    def outer(v):
+        p = rw.scalar(rw.scalar(v, "mul", CUBIC_A, dtype=FP32), "sub", 5 * CUBIC_A, dtype=FP32)
+        p = rw.scalar(rw.binary("mul", p, v, FP32), "add", 8 * CUBIC_A, dtype=FP32)
+        return rw.scalar(rw.binary("mul", p, v, FP32), "sub", 4 * CUBIC_A, dtype=FP32)
+
+    u = rw.scalar(t, "sub", 1.0, reverse=True, dtype=FP32)
+    return [outer(rw.scalar(t, "add", 1.0, dtype=FP32)), inner(t), inner(u),
+            outer(rw.scalar(u, "add", 1.0, dtype=FP32))]
+
+
 @rule("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
 def _grid_sampler(rw: Rewriter, n, a):
     x, grid = a["input"], a["grid"]
     rank = 3 if "3d" in n.op else 2
     mode, padding, align = MODES.get(a["interpolation_mode"]), PADDINGS.get(a["padding_mode"]), a["align_corners"]
-    if mode not in ("bilinear", "nearest"):
-        rw.fail(f"with {mode or a['interpolation_mode']} interpolation is not supported (bilinear and nearest are)")
+    if mode is None or (mode == "bicubic" and rank != 2):
+        rw.fail(f"with interpolation mode {a['interpolation_mode']} is not supported")
     if padding is None:
         rw.fail(f"with padding mode {a['padding_mode']} is not supported")
     if x.dtype is not FP32 or grid.dtype is not FP32 or rw.torch_dtype(x) is not torch.float32:
@@ -179,11 +213,7 @@ def _grid_sampler(rw: Rewriter, n, a):
     for d in range(rank):
         g = rw.reshape(rw.slice(grid, rank + 1, rank - 1 - d, rank - d), (batch, *out))
         c = _unnormalized(rw, g, spatial[d], align, rank)
-        if padding == "border":
-            c = _clipped(rw, c, spatial[d])
-        elif padding == "reflection":
-            c = _reflected(rw, c, spatial[d], align)
-        coords.append(c)
+        coords.append(c if mode == "bicubic" else _padded(rw, c, spatial[d], padding, align))
     table = rw.reshape(rw.permute(x, (0, *range(2, rank + 2), 1)), (batch * volume, channels))
     plane = rw.const(torch.arange(batch, dtype=torch.float32).reshape([batch] + [1] * rank) * volume, FP32)
     zero = rw.scalar_const(0.0, FP32)
@@ -204,6 +234,19 @@ def _grid_sampler(rw: Rewriter, n, a):
 
     if mode == "nearest":
         got = corner([rw.unary(c, "rint", FP32) for c in coords])
+    elif mode == "bicubic":   # torch pads the 4 x 4 neighbours' integer positions, not the coordinate
+        lows = [rw.unary(c, "floor", FP32) for c in coords]
+        coeffs = [_cubic_coefficients(rw, rw.binary("sub", c, f, FP32)) for c, f in zip(coords, lows)]
+        near = [[_padded(rw, rw.scalar(f, "add", float(k - 1), dtype=FP32) if k != 1 else f, spatial[d], padding,
+                         align) for k in range(4)] for d, f in enumerate(lows)]
+        got = None
+        for j in range(4):   # rows (H), each the cubic along W first, as torch's kernel
+            line = None
+            for i in range(4):
+                term = rw.binary("mul", corner([near[0][j], near[1][i]]), _channel(rw, coeffs[1][i]), FP32)
+                line = term if line is None else rw.binary("add", line, term, FP32)
+            term = rw.binary("mul", line, _channel(rw, coeffs[0][j]), FP32)
+            got = term if got is None else rw.binary("add", got, term, FP32)
     else:
         lows = [rw.unary(c, "floor", FP32) for c in coords]
         highs = [rw.scalar(f, "add", 1.0, dtype=FP32) for f in lows]
