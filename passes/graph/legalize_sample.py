@@ -121,8 +121,8 @@ def _fractional_max_pool(rw: Rewriter, n, a):
 # -- grid sampling -------------------------------------------------------------------------------------------
 MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
 # sampled points (N * output positions) past which a grid sampler is refused: each point is a row gather per corner,
-# and compile time grows faster than they do (a 3-d sampler: 53k points 6.7 s, 212k points 92 s)
-MAX_POINTS = 1 << 17
+# and compile time grows faster than they do (a 3-d sampler: 53k points 6.7 s, 212k points 70 s)
+MAX_POINTS = 1 << 18
 PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
 
 
