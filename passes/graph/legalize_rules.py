@@ -28,6 +28,8 @@ from trnc.passes.graph import legalize_polynomials  # noqa: F401  (registers the
 from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the scatter and index update rules)
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_strided  # noqa: F401  (registers as_strided, view scatters, max_unpool)
+from trnc.passes.graph import legalize_segments  # noqa: F401  (registers segment_reduce and embedding_bag)
+from trnc.passes.graph import legalize_sample  # noqa: F401  (registers fractional max pools, grid samplers)
 from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph import legalize_misc  # noqa: F401  (registers the nn and creation odds and ends)
