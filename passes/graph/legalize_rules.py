@@ -27,6 +27,7 @@ from trnc.passes.graph import legalize_scatter  # noqa: F401  (registers the sca
 from trnc.passes.graph import legalize_sort  # noqa: F401  (registers the sort, top-k and k-th value rules)
 from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
+from trnc.passes.graph import legalize_zeta  # noqa: F401  (registers the Hurwitz zeta rule)
 from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
                                               keep_fp32_inside, pm_legalize, pm_whole, rule, take, truncated)
 
