@@ -16,6 +16,7 @@ import torch
 
 from trnc import ir
 from trnc.isa.dtypes import DType
+from trnc.passes.graph import legalize_zeta
 from trnc.passes.graph.legalize_index import EXACT_FP32, _magnitude_bound, _to_int
 from trnc.passes.graph.legalize_table import keep_fp32_inside, pm_legalize, rule
 
@@ -263,9 +264,9 @@ for _name, _f in (("i0", "i0e"), ("special_modified_bessel_i0", "i0e"), ("specia
 
 @rule("aten.polygamma.default")
 def _polygamma(rw: Rewriter, n, a):
-    """The 0th polygamma function is digamma; the machine has no higher derivative."""
+    """The 0th polygamma function is digamma; n >= 1 is trigamma or n! zeta(n + 1, x) (legalize_zeta)."""
     if a["n"] != 0:
-        rw.fail(f"with n={a['n']} is not supported (the machine computes polygamma for n = 0 only, as digamma)")
+        return legalize_zeta.polygamma(rw, n, a["input"], a["n"])
     _float_input(rw, n, "digamma")
     return rw.unary(a["input"], "digamma")
 

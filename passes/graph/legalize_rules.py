@@ -33,6 +33,7 @@ from trnc.passes.graph import legalize_sample  # noqa: F401  (registers fraction
 from trnc.passes.graph import legalize_random  # (registers the random ops' rules; training-mode dropout)
 from trnc.passes.graph import legalize_tail  # noqa: F401  (registers the vector norm, sign and structure rules)
 from trnc.passes.graph import legalize_misc  # noqa: F401  (registers the nn and creation odds and ends)
+from trnc.passes.graph import legalize_zeta  # noqa: F401  (registers the Hurwitz zeta rule)
 from trnc.passes.graph.legalize_table import (TRUNCATED_BITS, Unusable, dim_of, dims_of, index_tensor,
                                               keep_fp32_inside, pm_legalize, pm_whole, rule, take, truncated)
 
