@@ -45,6 +45,7 @@ import numpy as np
 
 from trnc import ir
 from trnc.isa.dtypes import DType
+from trnc.passes.graph.legalize_bessel import Fp32
 from trnc.passes.graph.legalize_table import keep_fp32_inside, rule
 
 if TYPE_CHECKING:
@@ -75,12 +76,13 @@ def _x_huge() -> float:
 X_HUGE = _x_huge()
 
 
-class _Ops:
-    """fp32 arithmetic on nodes or Python numbers (a compile-time x), every result rounded to fp32 as the machine
-    rounds it; selects and comparisons fold when their condition is known."""
+class _Ops(Fp32):
+    """legalize_bessel's fp32 arithmetic, on nodes or Python numbers (a compile-time x), every result rounded to
+    fp32 as the machine rounds it; selects and comparisons fold when their condition is known."""
 
     def __init__(self, rw: Rewriter, shape):
-        self.rw, self.shape = rw, tuple(shape)
+        super().__init__(rw)
+        self.shape = tuple(shape)
 
     def op(self, op: str, a, b):
         if isinstance(a, ir.Node) or isinstance(b, ir.Node):
@@ -88,18 +90,6 @@ class _Ops:
         fa, fb = np.float32(a), np.float32(b)
         with np.errstate(all="ignore"):
             return float({"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](fa, fb))
-
-    def add(self, a, b):
-        return self.op("add", a, b)
-
-    def sub(self, a, b):
-        return self.op("sub", a, b)
-
-    def mul(self, a, b):
-        return self.op("mul", a, b)
-
-    def div(self, a, b):
-        return self.op("div", a, b)
 
     def cmp(self, op: str, a, b):
         if isinstance(a, ir.Node) or isinstance(b, ir.Node):

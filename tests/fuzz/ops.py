@@ -122,13 +122,21 @@ UNARY = {   # name: (fp32 ulps of error, spellings)
     # reflection's larger term, not the result, near the negative zeros)
     "lgamma": (2, ("torch.lgamma({0})", "{0}.lgamma()", "torch.special.gammaln({0})")),
     "digamma": (2, ("torch.digamma({0})", "torch.special.psi({0})", "torch.polygamma(0, {0})")),
+    # passes/graph/legalize_bessel.py and legalize_zeta.py for x > 0 (their measured maxima, rounded up; eager's
+    # float trigamma is 4.3 ulps off too)
+    "bessel_k0": (11, ("torch.special.modified_bessel_k0({0})",)),
+    "bessel_k1": (7, ("torch.special.modified_bessel_k1({0})",)),
+    "bessel_k0e": (11, ("torch.special.scaled_modified_bessel_k0({0})",)),
+    "bessel_k1e": (6, ("torch.special.scaled_modified_bessel_k1({0})",)),
+    "trigamma": (5, ("torch.polygamma(1, {0})", "torch.special.polygamma(1, {0})")),
+    "spherical_j0": (2, ("torch.special.spherical_bessel_j0({0})",)),
     # random ops whose result the draws do not decide (u in (0, 1), p = 1, a range of one integer): they test
     # the random kernels, the per-call seed and the dtypes of the draws against eager, value for value
     "random": (0, ("{0} + torch.rand_like({0}).floor()", "torch.bernoulli(torch.ones_like({0})) * {0}",
                    "{0} - torch.randint_like({0}, 0, 1)")),
 }
 # a flat piece, and growths (or decays) that outrun a linear bound (reference.py)
-MAGNIFIED_UNARY = ("relu", "exp", "exp2", "sinh", "cosh", "erfc", "i0", "i1")
+MAGNIFIED_UNARY = ("relu", "exp", "exp2", "sinh", "cosh", "erfc", "i0", "i1", "bessel_k0", "bessel_k1")
 for _name, (_ulps, _spellings) in UNARY.items():
     _magnified = _name in MAGNIFIED_UNARY
     OPS[_name] = OpDef(_spelled(_spellings), _pointwise(_ulps), magnified=lambda a, m=_magnified: m)

@@ -22,7 +22,8 @@ EPS = (1e-5, 1e-6, 1e-3)
 def unary(b):
     fn = b.choice(tuple(UNARY) + ("gelu", "gelu_tanh"))
     x = b.pick_float()
-    if fn in ("log", "sqrt", "rsqrt", "log2", "log10", "lgamma", "digamma"):
+    if fn in ("log", "sqrt", "rsqrt", "log2", "log10", "lgamma", "digamma", "bessel_k0", "bessel_k1", "bessel_k0e",
+              "bessel_k1e", "trigamma"):
         x = b.positive(x)
     elif fn == "reciprocal":
         x = b.nonzero(x)
