@@ -151,6 +151,21 @@ def test_new_empty_strided_is_zeros_of_the_size_and_dtype(size, stride, dtype):
     assert got.shape == ref.shape and got.dtype == ref.dtype and not got.any()
 
 
+@pytest.mark.parametrize("make", [lambda x: torch.zeros_like(x, dtype=torch.float64),
+                                  lambda x: torch.full_like(x, 0.3, dtype=torch.float64),
+                                  lambda x: x.new_empty_strided((2, 3), (1, 2), dtype=torch.float64)])
+def test_a_float64_creation_like_an_input_is_a_constant_on_the_device(make):
+    """The `like` argument gives only shape and dtype: such a float64 result is a constant, not a float64 value
+    computed from the inputs (which the machine lacks), so fallback=False compiles it (it used to refuse)."""
+    torch.manual_seed(1709)
+    x = torch.randn(2, 3)
+    fn = lambda x: (x * 2, make(x) * 0)   # noqa: E731
+    got = torch.compile(fn, backend="trnc", options={"fallback": False})(x)
+    ref = fn(x)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape and torch.equal(g, r)
+
+
 def test_a_call_with_another_layout_is_refused(tmp_path):
     torch.manual_seed(1708)
     fn = lambda x: torch.as_strided(x, (2, 2), (1, 2), 1)   # noqa: E731

@@ -80,12 +80,20 @@ def unsupported_reason(node: torch.fx.Node, reasons: dict[str, str], constants: 
     return None if str(target) in pm_legalize else NO_RULE
 
 
+# creation ops whose tensor argument gives only its shape, dtype and device, never its values
+SHAPE_ONLY = frozenset({"aten.full_like.default", "aten.empty_like.default", "aten.new_empty_strided.default",
+                        "aten.new_empty.default", "aten.new_zeros.default", "aten.new_ones.default",
+                        "aten.new_full.default"})
+
+
 def _constant(node: torch.fx.Node, constants: set[str]) -> bool:
-    """A frozen weight, or a deterministic op of constants only (creation ops included)."""
+    """A frozen weight, or a deterministic op of constants only (creation ops included; the `like` argument of
+    SHAPE_ONLY's ops does not count: its values are never read)."""
     if node.op == "get_attr":
         return True
     seeded = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
-    return node.op == "call_function" and not seeded and all(a.name in constants for a in node.all_input_nodes)
+    read = node.all_input_nodes[1:] if str(node.target) in SHAPE_ONLY else node.all_input_nodes
+    return node.op == "call_function" and not seeded and all(a.name in constants for a in read)
 
 
 class _Support(OperatorSupportBase):

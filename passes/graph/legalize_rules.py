@@ -211,8 +211,13 @@ def _no_result(rw: Rewriter, n, a):
 
 # -- creation ------------------------------------------------------------------------------------------
 def _filled(value):
+    """The creation ops (the empty ones give zeros: eager's memory nobody wrote). A float64 result is a constant
+    tensor, which the machine may hold (a filled view of a 0-d constant would be a value computed on device)."""
     def lower(rw: Rewriter, n, a):
-        return rw.filled(a[value] if isinstance(value, str) else value, n.shape, n.dtype)
+        v = a[value] if isinstance(value, str) else value
+        if n.attrs.get("float64"):
+            return rw.const(torch.full(n.shape, v, dtype=torch.float64), n.dtype)
+        return rw.filled(v, n.shape, n.dtype)
     return lower
 
 
@@ -221,7 +226,8 @@ for _op, _value in (("full.default", "fill_value"), ("full_like.default", "fill_
                     ("zeros.default", 0), ("zeros_like.default", 0), ("new_zeros.default", 0),
                     ("ones.default", 1), ("ones_like.default", 1), ("new_ones.default", 1),
                     ("empty.memory_format", 0), ("empty_like.default", 0), ("new_empty.default", 0),
-                    ("empty_strided.default", 0), ("empty_permuted.default", 0)):
+                    ("empty_strided.default", 0), ("empty_permuted.default", 0),
+                    ("new_empty_strided.default", 0)):
     pm_legalize[f"aten.{_op}"] = _filled(_value)
 
 

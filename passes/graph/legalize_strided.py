@@ -1,5 +1,6 @@
 """legalize rules of the ops that address memory by strides, and scatters into views (issue 16): as_strided (and
-as_strided_copy), as_strided_scatter, slice_scatter with any step, max_unpool1d/2d/3d and new_empty_strided.
+as_strided_copy), as_strided_scatter, slice_scatter with any step, max_unpool1d/2d/3d (new_empty_strided is
+legalize_rules.py's, with the other creation ops).
 
 An IR value has no storage, only its elements in row-major order, so as_strided (which reads its input's storage)
 needs the input's layout as eager had it: capture records each input's strides and storage offset from the fx
@@ -29,7 +30,6 @@ plane is a scatter (passes/graph/legalize_scatter.py's one-hot scheme, mode 'las
 order, the last duplicate wins) of the input plane into zeros of the output plane at the indices as they are;
 an index outside the plane faults in the scatter's guard gather, as eager raises.
 
-new_empty_strided: memory nobody wrote in eager; zeros here, as the other empty ops.
 """
 from __future__ import annotations
 
@@ -177,11 +177,3 @@ def _max_unpool(rw: Rewriter, n, a):
     zeros = rw.filled(0, (planes, size_out), n.dtype)
     out = _scatter(rw, zeros, 1, pos, src, "last", True, n.dtype)
     return rw.reshape(out, out_shape)
-
-
-@rule("aten.new_empty_strided.default")
-def _new_empty_strided(rw: Rewriter, n, a):
-    """Unwritten memory in eager: zeros (a float64 result is a constant, which the machine may hold)."""
-    if n.attrs.get("float64"):
-        return rw.const(torch.zeros(n.shape, dtype=torch.float64), n.dtype)
-    return rw.filled(0, n.shape, n.dtype)
