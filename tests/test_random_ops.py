@@ -160,3 +160,14 @@ def test_training_rrelu_noise_is_the_slope():
     assert torch.equal(noise[~negative], torch.ones_like(noise[~negative]))
     assert bool(((noise[negative] >= 0.1) & (noise[negative] <= 0.3)).all())
     assert torch.equal(y, x * noise)
+
+
+def test_fp16_draws_stay_below_one_under_auto_cast_all():
+    """Regression (fuzz seed 11000008, bf16/api): auto_cast "all" stored the fp16 draw in bf16, which rounds fp16's
+    largest value below 1 (1 - 2^-11) up to 1, so rand_like(x).floor() was 1 at about one element in 500."""
+    torch.manual_seed(1710)
+    x = torch.randn(89, 6).half()
+    fn = lambda v: v + torch.rand_like(v).floor()   # noqa: E731
+    model, _ = compiled(fn, x, precision="bf16", auto_cast="all", cache=False)
+    for _ in range(40):
+        assert torch.equal(model(x), x)

@@ -23,7 +23,7 @@ import torch
 from trnc import ir
 from trnc.dtypes import torch_dtype
 from trnc.isa.dtypes import DType
-from trnc.passes.graph.legalize_table import rule
+from trnc.passes.graph.legalize_table import keep_fp32_inside, rule
 
 if TYPE_CHECKING:
     from trnc.passes.graph.legalize import Rewriter
@@ -44,7 +44,10 @@ def _below_one(rw: Rewriter, u: ir.Node, dtype: DType) -> ir.Node:
         return rw.cast(u, dtype)
     t = torch_dtype(dtype)
     below = float(torch.nextafter(torch.tensor(1.0, dtype=t), torch.tensor(0.0, dtype=t)))
-    return rw.cast(rw.scalar(u, "min", below, dtype=FP32), dtype)
+    draws = rw.cast(rw.scalar(u, "min", below, dtype=FP32), dtype)
+    # auto_cast "all" stores float intermediates in bf16, which rounds fp16's 1 - 2^-11 up to 1: keep the dtype
+    keep_fp32_inside(draws, u).attrs["keep_fp32"] = True
+    return draws
 
 
 def _normal(rw: Rewriter, a, shape) -> ir.Node:
