@@ -552,3 +552,26 @@ def test_the_fp8_scale_of_a_one_element_activation_is_from_its_magnitude():
         ref = model(x)
     # fp8 e4m3 operands: each within 2^-4 relative of its value, the product of two within about 2^-3
     assert ((got - ref).abs() <= 2.0 ** -3 * ref.abs() + 1e-6).all()
+
+
+class Bf16Widened(nn.Module):
+    """Three bf16 values a `.float()` reads where they were computed: a reduction's epilogue, an elementwise chain
+    and a matmul's result; and bf16 tensors times and over a number."""
+
+    def forward(self, w, a, b):
+        return (torch.linalg.vector_norm(w, dim=1).float(), ((a * 1.7).float() + 1.0).exp(),
+                (a @ b).float(), a * 1.7, a / 0.3)
+
+
+@VIA
+def test_a_bf16_value_widened_by_a_cast_is_rounded_first(via):
+    """A helper compiling vector_norm(w_bf16, dim=1).float(): the engines computed the norm in fp32 and the cast
+    to fp32 read that, so the result was the unrounded norm, up to half a bf16 ulp (0.06 at 17) off eager, which
+    rounds every op's result to its dtype. A cast now reads its input as stored in its dtype, so the results
+    equal eager's to fp32 rounding. Found with it: legalize rounded the number of `a * 1.7` to bf16 (1.703125),
+    where torch's CPU kernels of mul and div multiply a bf16 or fp16 tensor by the number in fp32 (a third of the
+    products were a bf16 ulp off)."""
+    torch.manual_seed(0)
+    w, a, b = (torch.randn(8, 300).bfloat16(), torch.randn(64, 96).bfloat16(), torch.randn(96, 48).bfloat16())
+    model = Bf16Widened()
+    assert_like_eager(run(model, (w, a, b), via), model(w, a, b))

@@ -65,7 +65,10 @@ def _arith(op: str):
         alpha = a.get("alpha", 1)
         if all(d is torch.bool for d in rw.arg_dtypes) and op in BOOL_ARITH and n.dtype is DType.UINT8:
             return rw.arith(BOOL_ARITH[op], x, other)
-        x, other = rw.in_common_dtype(x, other)
+        rounded = rw.in_common_dtype(x, other)
+        # torch's CPU mul and div of a bf16 or fp16 tensor by a number use the number in fp32, unrounded (opmath)
+        x, other = rounded if op not in ("mul", "div") else (
+            r if isinstance(v, ir.Node) else v for v, r in zip((x, other), rounded))
         if alpha is not None and alpha != 1:
             other = rw.scalar(other, "mul", alpha) if isinstance(other, ir.Node) else other * alpha
         return legalize_index.bound_integer_arith(rw, rw.arith(op, x, other))

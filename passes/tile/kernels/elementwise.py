@@ -8,7 +8,8 @@ and enters instructions as a per-partition operand, which costs one pass over th
 full tensor would cost two. A constant holding one value needs no load at all: it becomes an immediate.
 
 The chain itself (`emit_chain`) is shared with the matmul epilogue: values stay fp32 in SBUF between
-nodes (a cast node rounds to its dtype, as the model asked), the last node writes the output tile in its
+nodes (a cast node rounds to its dtype, as the model asked, after rounding its input to the input's dtype, as
+eager stored it), the last node writes the output tile in its
 dtype. Cheap fusions: x*s+b followed by a ScalarE function is one activation (scale and bias, immediate or
 per partition); two scalar steps in a row are one tensor_scalar; x*x and pow with exponent 2, 0.5, -0.5 or
 -1 use the square, sqrt, rsqrt and reciprocal functions, as torch computes them.
@@ -180,9 +181,15 @@ class _Chain:
     def dst(self, n: ir.Node, per_partition: bool) -> Operand:
         if n is self.nodes[-1] or (not per_partition and self.rounds_into_out(n)):
             return Operand(self.out, False)
-        dtype = n.dtype if n.op == "cast" else DType.FP32    # a cast rounds; other intermediates stay fp32
+        # a cast rounds, and so does a value a cast reads, as eager stored it; other intermediates stay fp32
+        dtype = n.dtype if n.op == "cast" or self.read_by_cast(n) else DType.FP32
         free = (1,) if per_partition else (self.free,)
         return Operand(self.kb.sbuf(f"t_{n.name}", dtype, self.parts, free), per_partition)
+
+    def read_by_cast(self, n: ir.Node) -> bool:
+        """n is narrower than fp32 and a cast reads it (a bf16 model's `.float()`): eager rounded n to its dtype
+        first, so the cast must see it rounded, not the fp32 the engines computed."""
+        return _narrow_float(n.dtype) and any(u.op == "cast" and n in u.inputs for u in self.nodes)
 
     def rounds_into_out(self, n: ir.Node) -> bool:
         """n only feeds the last node, a cast to the output's dtype: n's instruction writes the output itself,
@@ -190,7 +197,16 @@ class _Chain:
         last = self.nodes[-1]
         return (last.op == "cast" and not last.attrs and last.inputs[0] is n and self.uses[n] == 1
                 and last.dtype is self.out.dtype
-                and n.op != "const")
+                and n.op != "const" and not self.read_by_cast(n))
+
+    def as_stored(self, x: ir.Node, v: Value, per_partition: bool) -> Value:
+        """An operand from outside the chain that a cast reads, rounded to x's dtype first if its tile holds
+        more (a bf16 matmul's fp32 PSUM result)."""
+        if not isinstance(v, Operand) or v.tile.dtype is x.dtype or not _narrow_float(x.dtype):
+            return v
+        rounded = self.kb.sbuf(f"t_{x.name}_r", x.dtype, self.parts, (1,) if per_partition else (self.free,))
+        write(self.kb, rounded, self.src(v, per_partition))
+        return Operand(rounded, per_partition)
 
     def scalar(self, name: str, s: float | Tile) -> dict:
         return {f"{name}_ap": s} if isinstance(s, Tile) else {name: s}
@@ -268,6 +284,8 @@ class _Chain:
             return 1
         pp = self.narrow([n])
         dst = self.dst(n, pp)
+        if n.op == "cast":
+            ins[0] = self.as_stored(n.inputs[0], ins[0], pp)
         if n.op == "where":
             emit(self.kb, "select", dst=dst.tile, pred=self.src(ins[0], pp), on_true=self.src(ins[1], pp),
                  on_false=self.src(ins[2], pp))
@@ -295,6 +313,10 @@ class _Chain:
         i = 0
         while i < len(self.nodes):
             i += self.activation(i) or self.scalar_steps(i) or self.single(i)
+
+
+def _narrow_float(dtype: DType) -> bool:
+    return dtype.is_float and dtype.itemsize < 4
 
 
 def emit_chain(kb: TileBuilder, nodes: list[ir.Node], operands: dict[ir.Node, Operand], out: Tile) -> None:
