@@ -208,3 +208,19 @@ def test_as_strided_of_constants_reads_their_layout_and_guards_only_its_inputs()
     for args in ((x, y), (x, y_transposed)):
         for g, r in zip(compiled_model(*args), model(*args)):
             assert g.dtype == r.dtype and torch.equal(g, r)
+
+
+def test_as_strided_of_a_pooled_value_does_not_guard_the_input_layout():
+    """ConvNeXt's classifier reads its pooled [1, C, 1, 1] features through as_strided: a fresh tensor with one dim
+    above 1 has one layout whatever the input's, so a channels_last call runs (it was refused); a view of the
+    input itself still guards the input's layout."""
+    torch.manual_seed(1711)
+    pooled = lambda x: torch.as_strided(x.amax((2, 3), keepdim=True) * 2, (1, 6, 1, 1), (6, 1, 6, 6))  # noqa: E731
+    viewed = lambda x: torch.as_strided(x, (1, 6, 1, 1), (96, 1, 96, 96))  # noqa: E731
+    x = torch.randn(1, 6, 4, 4)
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    model = compiled(pooled, x)
+    assert model.info.input_layouts is None
+    assert torch.equal(model(channels_last), pooled(channels_last))
+    with pytest.raises(TrncError, match=r"reads storage \(as_strided\)"):
+        compiled(viewed, x)(channels_last)

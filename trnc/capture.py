@@ -148,6 +148,15 @@ def layout_of(val) -> tuple | None:
         return None
 
 
+def _fixed_layout(fx_node: torch.fx.Node) -> bool:
+    """Whether the node's value is a fresh tensor with at most one dim above 1: of an op whose result is no alias
+    (no alias annotation in its schema, and not _unsafe_view, which shares its input's storage unannotated)."""
+    val, target = fx_node.meta.get("val"), fx_node.target
+    return (isinstance(val, torch.Tensor) and isinstance(target, torch._ops.OpOverload)
+            and all(r.alias_info is None for r in target._schema.returns)
+            and target.overloadpacket is not torch.ops.aten._unsafe_view and sum(n > 1 for n in val.shape) <= 1)
+
+
 class _Importer:
     """Turns one fx graph into ir nodes; `values` maps each fx node to its ir node."""
 
@@ -229,7 +238,9 @@ class _Importer:
                          module_of(fx_node.meta.get("nn_module_stack"))), fx_node)
 
     def _depends_on_layouts(self, fx_node: torch.fx.Node) -> None:
-        """Mark the inputs `fx_node` derives from: their layouts decide its arguments' (calls must keep them)."""
+        """Mark the inputs `fx_node` derives from: their layouts decide its arguments' (calls must keep them). A
+        fresh tensor (not a view) with at most one dim above 1 has one layout whatever its inputs' (dense, at
+        offset 0), so the walk stops there: a pooled [1, C, 1, 1] read by as_strided depends on no input's."""
         stack, seen = list(fx_node.all_input_nodes), set()
         while stack:
             a = stack.pop()
@@ -237,7 +248,8 @@ class _Importer:
                 seen.add(a)
                 if a in self.input_of:
                     self.layout_inputs.add(self.input_of[a])
-                stack.extend(a.all_input_nodes)
+                elif not _fixed_layout(a):
+                    stack.extend(a.all_input_nodes)
 
     def outputs(self, output_node: torch.fx.Node) -> tuple[list[ir.Node], tuple[torch.dtype, ...]]:
         """The output nodes and their torch dtypes."""

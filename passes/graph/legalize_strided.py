@@ -11,7 +11,8 @@ index computed now with numpy-like torch index math (offset + sum_i idx_i * stri
 outside the input's elements (another view's storage, an unknown layout) is refused naming the op. The identity
 is a reshape; of a constant (a parameter, whose layout may be a transpose), torch computes it now through the
 same index (legalize does not evaluate these ops on the constant's contiguous copy). The layouts are the example
-inputs': capture records the layout of each input such an op's argument derives from (CaptureInfo.input_layouts,
+inputs': capture records the layout of each input such an op's argument derives from (but through a fresh tensor
+with at most one dim above 1, whose layout is fixed: ConvNeXt's pooled features) (CaptureInfo.input_layouts,
 kept in artifacts), and a call with other strides or storage offset is refused (trnc/api.py), as eager would read
 other elements (the torch.compile backend never sees one: dynamo guards strides).
 
