@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from core_aten import core_aten_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 COVERAGE = ROOT / "docs" / "coverage.md"
 _TRNC_DIRS = tuple(str(ROOT / d) + os.sep for d in ("trnc", "passes", "isa", "runtime"))
@@ -68,6 +70,7 @@ class Result:
     inputs: str = ""                      # the sample's shapes and arguments
     fallback_ops: list[str] = field(default_factory=list)
     device_nodes: int = 0
+    device_ops: list[str] = field(default_factory=list)   # the aten ops trnc ran on device
     values_compared: bool = True          # False for random or undefined results: structure, shape, dtype only
     seconds: float = 0.0
 
@@ -331,11 +334,13 @@ def run_sample(op, sample, index: int = 0) -> Result:
             result.outcome, result.detail = NO_GRAPH, _empty_graph(s)
         else:
             result.device_nodes = strict.report.device_nodes
+            result.device_ops = list(strict.report.device_ops)
         return _timed(result, start)
     loose = _call(s, "trnc", {"fallback": True})
     if loose.report is not None:
         result.fallback_ops = [f.op for f in loose.report.fallback]
         result.device_nodes = loose.report.device_nodes
+        result.device_ops = list(loose.report.device_ops)
     if isinstance(strict.error, UnsupportedOpError):
         result.outcome, result.detail = FALLBACK, _reasons(loose.report) or _first_line(strict.error)
         if not _names_op(str(strict.error), result.fallback_ops):
@@ -501,6 +506,7 @@ def coverage_text(results: list[Result], all_samples: bool) -> str:
         fallback = sorted({f for r in rows for f in r.fallback_ops})
         why = next((r.detail for r in rows if r.outcome != DEVICE), "")
         lines.append(f"| {name} | {outcome} | {_cell(', '.join(fallback))} | {_cell(why)} |")
+    lines += core_aten_lines(results, _cell)
     return "\n".join(lines) + "\n"
 
 

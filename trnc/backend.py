@@ -81,6 +81,7 @@ class Report:
     compile_seconds: float
     variants: int = 1               # compiled shape variants this graph holds after this compile
     regions: tuple = field(default=(), repr=False)   # the CompiledModels, for their .stats and .perf
+    device_ops: tuple[str, ...] = ()                  # the distinct aten ops of the device regions' nodes
 
     @property
     def fallback_nodes(self) -> int:
@@ -217,7 +218,8 @@ class Variants:
         shapes = tuple(tuple(int(s) for s in a.shape) for i, a in enumerate(args)
                        if isinstance(a, torch.Tensor) and i not in self.weights)
         _last = Report(shapes, result.device_partitions, result.device_nodes, result.fallback, self.opts,
-                       time.perf_counter() - start, min(len(self.cache) + 1, MAX_VARIANTS), tuple(regions))
+                       time.perf_counter() - start, min(len(self.cache) + 1, MAX_VARIANTS), tuple(regions),
+                       result.device_ops)
         log = get_logger(__name__)   # asked for each time: TRNC_LOG may have changed
         if result.fallback:
             log.warning(_last.text())

@@ -51,6 +51,7 @@ class Partitioned:
     device_partitions: int
     device_nodes: int
     fallback: tuple[FallbackOp, ...]
+    device_ops: tuple[str, ...] = ()   # the distinct aten ops of the device regions' nodes ('aten.add.Tensor')
 
 
 def _tensors(value) -> list:
@@ -184,7 +185,9 @@ def partition(gm: torch.fx.GraphModule, compile_region: Callable, fallback: bool
     for node, _, key in regions:
         setattr(fused, node.target, DeviceRegion(compiled[key]))
     fused.recompile()
-    return Partitioned(fused, len(regions), sum(len(key) for _, _, key in regions), _fallback(gm, reasons))
+    ops = sorted({str(n.target) for _, sub, _ in regions for n in sub.graph.nodes if n.op == "call_function"})
+    return Partitioned(fused, len(regions), sum(len(key) for _, _, key in regions), _fallback(gm, reasons),
+                       tuple(ops))
 
 
 def _regions(fused: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.fx.GraphModule, tuple[str, ...]]]:
