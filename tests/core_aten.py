@@ -3,7 +3,9 @@ marked on device, fallback (with the reason) or not applicable, from the OpInfo 
 
 An op is judged by what the sweep's samples did with it (tests/opinfo_sweep.py records the aten ops of each
 sample's device regions and those that fell back): on device when some sample ran it on the device and none
-fell back on it; partly when both happened (the fallback's reason given); fallback when only that happened. An
+fell back on it; partly when both happened (the fallback's reason given); fallback when only that happened. A
+sample where the op went to eager only beside others (its region's compile failed with an error that does not
+name it) does not count against it. An
 op no sample reaches is marked by what trnc has for it: a legalize rule (named by its module; not exercised by
 the sweep), torch's own decomposition (trnc.capture's table turns it into other ops before legalize sees it),
 nothing (fallback: no legalize rule), or not applicable, with why (NOT_APPLICABLE).
@@ -15,6 +17,8 @@ import re
 
 import torch
 
+from trnc.partition import CONSTANT, NO_RULE
+
 # ops that cannot reach a device region of an inference graph of float32 tensors, and why
 NOT_APPLICABLE = {
     "aten._local_scalar_dense.default": "Tensor.item(): a Python number; dynamo breaks the graph there",
@@ -24,6 +28,8 @@ NOT_APPLICABLE = {
     "aten.sym_stride.int": "a symbolic layout query, answered at trace time",
     "aten.nonzero.default": "its output shape depends on the data: stays in eager (dynamo breaks the graph)",
     "aten.atan2.out": "an out= variant: functionalized graphs call aten.atan2.default instead",
+    "aten._native_batch_norm_legit.default": ("updates its running stats in place: functionalized graphs call "
+                                              "_native_batch_norm_legit_functional (lowered) instead"),
 }
 BACKWARD = "a gradient op: trnc compiles inference graphs (torch.compile's backward runs in eager)"
 
@@ -54,13 +60,29 @@ def _unreached(op: str, rules: dict, decomposed: set[str]) -> tuple[str, str]:
     return "fallback", "no legalize rule"
 
 
-def _reason(op: str, details: list[str]) -> str:
-    """The fallback reason the sweep gave for `op` (its detail lists 'op: reason' pairs joined by '; ')."""
-    for detail in details:
-        found = re.search(re.escape(op) + r": (.*?)(?:; aten\.|$)", detail)
-        if found:
-            return found.group(1)
-    return details[0] if details else ""
+CUT = "the sweep's detail names it past its cut"
+
+
+def _reason(op: str, detail: str) -> str:
+    """The fallback reason for `op` in a sweep's detail ('op: reason' pairs joined by '; ', cut at 400
+    characters), for results recorded without fallback_reasons."""
+    found = re.search(re.escape(op) + r": (.*?)(?:; aten\.|$)", detail)
+    return found.group(1) if found else CUT
+
+
+# trnc/partition.py's reasons for one node on its own (its op, its dtypes); any other reason is a region compile's
+# error, which is the op's own only when it names the op (else the whole region went to eager with it)
+NODE_REASONS = (NO_RULE, CONSTANT, "not an aten operator", "tensors of ", "float64 values computed from inputs")
+
+
+def _own_reason(op: str, result) -> str | None:
+    """Why `op` ran in eager in this sample, or None when it went only beside others: its region's compile failed
+    on another op or as a whole."""
+    if result.fallback_reasons:
+        reason = result.fallback_reasons[result.fallback_ops.index(op)]
+    else:
+        reason = _reason(op, result.detail)
+    return reason if reason.startswith((op, *NODE_REASONS)) or reason == CUT else None
 
 
 def _samples(n: int) -> str:
@@ -75,8 +97,9 @@ def core_aten_rows(results) -> list[tuple[str, str, str]]:
     rows = []
     for op in core_aten_ops():
         device = sum(op in r.device_ops and op not in r.fallback_ops for r in results)
-        fell = [r for r in results if op in r.fallback_ops]
-        reason = _reason(op, [r.detail for r in fell])
+        reasons = [_own_reason(op, r) for r in results if op in r.fallback_ops]
+        fell = [why for why in reasons if why is not None]
+        reason = fell[0] if fell else ""
         if device and fell:
             rows.append((op, "partly", f"on device in {_samples(device)}; in eager in {_samples(len(fell))}: {reason}"))
         elif device:
@@ -96,7 +119,8 @@ def core_aten_lines(results, cell) -> list[str]:
     return ["", "## Core ATen", "",
             f"The {len(rows)} overloads of torch's Core ATen set (tagged `torch.Tag.core`), judged by the samples "
             "above: on device when some sample ran the op in a device region and none ran it in eager; partly when "
-            "both; fallback when only eager. An op no sample reaches is marked by what trnc has for it: a legalize "
+            "both; fallback when only eager (not counting samples where it went to eager only beside others: its "
+            "region's compile failed on another op, or as a whole). An op no sample reaches is marked by what trnc has for it: a legalize "
             "rule, torch's decomposition into other ops, nothing (fallback), or not applicable (why given). "
             f"{tally}.", "",
             "| op | status | evidence or reason |", "| --- | --- | --- |",

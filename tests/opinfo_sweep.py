@@ -69,6 +69,7 @@ class Result:
     detail: str = ""
     inputs: str = ""                      # the sample's shapes and arguments
     fallback_ops: list[str] = field(default_factory=list)
+    fallback_reasons: list[str] = field(default_factory=list)   # why each of fallback_ops ran in eager
     device_nodes: int = 0
     device_ops: list[str] = field(default_factory=list)   # the aten ops trnc ran on device
     values_compared: bool = True          # False for random or undefined results: structure, shape, dtype only
@@ -339,6 +340,7 @@ def run_sample(op, sample, index: int = 0) -> Result:
     loose = _call(s, "trnc", {"fallback": True})
     if loose.report is not None:
         result.fallback_ops = [f.op for f in loose.report.fallback]
+        result.fallback_reasons = [_short(f.reason, 300) for f in loose.report.fallback]
         result.device_nodes = loose.report.device_nodes
         result.device_ops = list(loose.report.device_ops)
     if isinstance(strict.error, UnsupportedOpError):
