@@ -28,6 +28,7 @@ NOT_APPLICABLE = {
     "aten.sym_stride.int": "a symbolic layout query, answered at trace time",
     "aten.nonzero.default": "its output shape depends on the data: stays in eager (dynamo breaks the graph)",
     "aten.atan2.out": "an out= variant: functionalized graphs call aten.atan2.default instead",
+    "aten.resize_.default": "resizes a tensor in place: dynamo does not trace Tensor.resize_ (a graph break)",
     "aten._native_batch_norm_legit.default": ("updates its running stats in place: functionalized graphs call "
                                               "_native_batch_norm_legit_functional (lowered) instead"),
 }
@@ -36,13 +37,14 @@ BACKWARD = "a gradient op: trnc compiles inference graphs (torch.compile's backw
 
 @functools.cache
 def core_aten_ops() -> tuple[str, ...]:
-    """Every overload of torch.ops.aten tagged core, sorted by name."""
+    """Every overload of torch.ops.aten tagged core, sorted by name: from the registered schemas (dir(torch.ops.aten)
+    lists only the packets the process has touched)."""
     ops = set()
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name, None)
-        if isinstance(packet, torch._ops.OpOverloadPacket):
-            ops.update(str(getattr(packet, o)) for o in packet.overloads()
-                       if torch.Tag.core in getattr(packet, o).tags)
+    for schema in torch._C._jit_get_all_schemas():
+        packet = getattr(torch.ops.aten, schema.name[len("aten::"):], None) if schema.name.startswith("aten::") else None
+        op = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+        if op is not None and torch.Tag.core in op.tags:
+            ops.add(str(op))
     return tuple(sorted(ops))
 
 
