@@ -13,7 +13,6 @@ nothing (fallback: no legalize rule), or not applicable, with why (NOT_APPLICABL
 from __future__ import annotations
 
 import functools
-import re
 
 import torch
 
@@ -62,16 +61,6 @@ def _unreached(op: str, rules: dict, decomposed: set[str]) -> tuple[str, str]:
     return "fallback", "no legalize rule"
 
 
-CUT = "the sweep's detail names it past its cut"
-
-
-def _reason(op: str, detail: str) -> str:
-    """The fallback reason for `op` in a sweep's detail ('op: reason' pairs joined by '; ', cut at 400
-    characters), for results recorded without fallback_reasons."""
-    found = re.search(re.escape(op) + r": (.*?)(?:; aten\.|$)", detail)
-    return found.group(1) if found else CUT
-
-
 # trnc/partition.py's reasons for one node on its own (its op, its dtypes); any other reason is a region compile's
 # error, which is the op's own only when it names the op (else the whole region went to eager with it)
 NODE_REASONS = (NO_RULE, CONSTANT, "not an aten operator", "tensors of ", "float64 values computed from inputs")
@@ -80,11 +69,8 @@ NODE_REASONS = (NO_RULE, CONSTANT, "not an aten operator", "tensors of ", "float
 def _own_reason(op: str, result) -> str | None:
     """Why `op` ran in eager in this sample, or None when it went only beside others: its region's compile failed
     on another op or as a whole."""
-    if result.fallback_reasons:
-        reason = result.fallback_reasons[result.fallback_ops.index(op)]
-    else:
-        reason = _reason(op, result.detail)
-    return reason if reason.startswith((op, *NODE_REASONS)) or reason == CUT else None
+    reason = result.fallback_reasons[result.fallback_ops.index(op)]
+    return reason if reason.startswith((op, *NODE_REASONS)) else None
 
 
 def _samples(n: int) -> str:

@@ -150,6 +150,7 @@ class _Chain:
                     imm = immediate(i)
                     self.values[i] = imm if imm is not None else operands[i]
         self.uses = Counter(i for n in nodes for i in n.inputs)
+        self.cast_inputs = {i for n in nodes if n.op == "cast" for i in n.inputs}
         self.uses[nodes[-1]] += 1
 
     # -- operands ------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class _Chain:
     def read_by_cast(self, n: ir.Node) -> bool:
         """n is narrower than fp32 and a cast reads it (a bf16 model's `.float()`): eager rounded n to its dtype
         first, so the cast must see it rounded, not the fp32 the engines computed."""
-        return _narrow_float(n.dtype) and any(u.op == "cast" and n in u.inputs for u in self.nodes)
+        return n in self.cast_inputs and _narrow_float(n.dtype)
 
     def rounds_into_out(self, n: ir.Node) -> bool:
         """n only feeds the last node, a cast to the output's dtype: n's instruction writes the output itself,
