@@ -1,0 +1,85 @@
+"""isa/operand_table.py: its columns agree with the AP methods they vectorize, row for row."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trnc.isa.ap import AP, Engine, Mem
+from trnc.isa.dtypes import DType
+from trnc.isa.operand_table import build, operand_table
+from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
+
+DTYPES = (DType.FP32, DType.BF16, DType.FP8_E4M3)
+
+
+def _ap(rng: random.Random) -> AP:
+    mem = rng.choice(list(Mem))
+    dims = tuple((rng.randint(-40, 40), rng.randint(1, 5)) for _ in range(rng.randint(0, 4)))
+    if mem is Mem.HBM:
+        return AP(mem, rng.choice(DTYPES), rng.randint(1, 8), dims, rng.randrange(0, 4096, 4), tensor=rng.randrange(2),
+                  partition_stride=rng.randint(-64, 64))
+    return AP(mem, rng.choice(DTYPES), rng.randint(1, 64), dims, rng.randrange(0, 4096, 4), rng.randrange(64))
+
+
+def _program(rng: random.Random, n: int) -> Program:
+    tensors = (TensorDecl("a", TensorKind.INPUT, DType.FP32, (64, 64)), TensorDecl("b", TensorKind.OUTPUT, DType.FP32, (64,)))
+    instructions = []
+    for _ in range(n):
+        kind = rng.randrange(3)
+        if kind == 0:
+            ins = Instruction.make("dma_copy", Engine.DMA, dst=_ap(rng), src=_ap(rng))
+        elif kind == 1:
+            ins = Instruction.make("tensor_tensor", Engine.DVE, dst=_ap(rng), in0=_ap(rng), in1=_ap(rng))
+        else:   # an operand repeated: one AP object in two rows
+            ap = _ap(rng)
+            ins = Instruction.make("tensor_tensor", Engine.DVE, dst=ap, in0=ap, in1=_ap(rng))
+        instructions.append(ins)
+    return Program(tensors, tuple(instructions))
+
+
+def test_columns_match_the_ap_methods():
+    rng = random.Random(7)
+    program = _program(rng, 300)
+    table = build(program)
+    operands = [(i, slot, ap, write) for i, ins in enumerate(program.instructions)
+                for slot, (_, ap, write) in enumerate(ins.operands())]
+    assert len(table) == len(operands)
+    lo, hi = table.byte_range
+    for row, (i, slot, ap, write) in enumerate(operands):
+        assert (table.instr[row], table.slot[row], bool(table.write[row])) == (i, slot, write)
+        assert table.aps[row] is ap
+        assert (table.mem[row], table.dtype[row], table.offset[row], table.start[row], table.tensor[row]) == \
+               (ap.mem, ap.dtype.code, ap.offset, ap.start_partition, ap.tensor)
+        assert (lo[row], hi[row]) == ap.byte_range()
+        assert (table.extent[0][row], table.extent[1][row]) == ap.free_extent()
+        assert table.first[i] <= row < table.first[i + 1]
+
+
+def test_form_ids_group_exactly_the_aps_equal_but_for_their_place():
+    rng = random.Random(8)
+    table = build(_program(rng, 400))
+
+    def form(ap: AP):
+        return ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride if ap.mem is Mem.HBM else 0
+
+    ids: dict = {}
+    for row, ap in enumerate(table.aps):
+        assert ids.setdefault(form(ap), int(table.form[row])) == table.form[row]
+    assert len(set(ids.values())) == len(ids)
+
+
+def test_the_table_is_kept_with_its_program_only():
+    program = _program(random.Random(9), 5)
+    assert operand_table(program) is operand_table(program)
+    copy = Program(program.tensors, program.instructions, program.target)
+    assert operand_table(copy) is not operand_table(program)
+
+
+@pytest.mark.parametrize("offset", [8.0, 2**64, None])
+def test_a_field_that_is_no_int64_integer_has_no_table(offset):
+    ap = AP(Mem.SBUF, DType.FP32, 4, ((1, 4),), offset)
+    program = Program((), (Instruction.make("tensor_copy", Engine.DVE, dst=AP(Mem.SBUF, DType.FP32, 4, ((1, 4),)),
+                                            src=ap),))
+    with pytest.raises(TypeError):
+        build(program)
