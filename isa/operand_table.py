@@ -7,11 +7,12 @@ per operand (byte ranges, footprints, places) is then numpy over all rows at onc
 operand, which was most of what loading a 100k-instruction program cost.
 
 Rows follow the instructions in order and, within one, `Instruction.operands()` order. A program with an
-operand that is not an AP of integer fields (which the verifier reports per instruction) has no table:
-`build` raises TypeError.
+ill-formed instruction or an operand that is not an AP of integer fields (which the verifier reports per
+instruction) has no table: `build` raises TypeError.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
@@ -106,7 +107,7 @@ def build(program) -> OperandTable:
     aps: list[AP] = []
     first = [0]
     unpacked: dict[int, tuple] = {}   # by id(ap): the program keeps every AP alive while this runs
-    with no_gc():
+    with no_gc(), _ill_formed_is_type_error():
         for i, ins in enumerate(program.instructions):
             for slot, (_, ap, write) in enumerate(ins.operands()):
                 fields = unpacked.get(id(ap))
@@ -126,6 +127,15 @@ def build(program) -> OperandTable:
                         first=np.array(first, dtype=np.int64))
 
 
+@contextlib.contextmanager
+def _ill_formed_is_type_error():
+    """An instruction whose operands cannot be listed (an unknown opcode, a missing field) makes no table."""
+    try:
+        yield
+    except (AttributeError, KeyError, ValueError, IndexError) as e:
+        raise TypeError(f"an instruction is ill-formed: {e}") from None
+
+
 _PAD = tuple((0, 1) * (MAX_FREE_DIMS - k) for k in range(MAX_FREE_DIMS + 1))
 
 
@@ -133,5 +143,5 @@ def _fields(ap) -> tuple:
     if not isinstance(ap, AP) or not isinstance(ap.mem, Mem) or len(ap.dims) > MAX_FREE_DIMS:
         raise TypeError(f"{ap!r} is not an access pattern of at most {MAX_FREE_DIMS} free dims")
     dtype = ap.dtype
-    return (ap.mem.value, dtype.code, dtype.itemsize, ap.partitions, ap.start_partition, ap.offset, ap.tensor,
+    return (ap.mem, dtype.code, dtype.itemsize, ap.partitions, ap.start_partition, ap.offset, ap.tensor,
             ap.partition_stride, len(ap.dims), *sum(ap.dims, ()), *_PAD[len(ap.dims)])

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 from numbers import Integral, Real
 
+import numpy as np
+
 from trnc.errors import VerifyError
 from trnc.isa import races
 from trnc.isa.ap import AP, MAX_AP_ELEMENTS, MAX_COUNT, MAX_FREE_DIMS, STRIDE_LIMIT, Engine, Mem
@@ -28,6 +30,7 @@ from trnc.isa.config import DMA_QUEUES, HwConfig, get_target
 from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import BY_NAME, E8m0, Kind
+from trnc.isa.operand_table import OperandTable, operand_table
 from trnc.isa.program import Instruction, Program
 from trnc.isa.verify_opcodes import (
     Ctx, Problem, engine_limits, features, fsize, listed, psum_bank, spec_dtype, spec_shape,
@@ -278,6 +281,55 @@ def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
     yield from races.operand_overlap(ins)
 
 
+def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.ndarray:
+    """The instructions among `indices` (of forms that passed every rule) that _place_problems might fault: a
+    superset, computed over the operand table at once; the others have no problem. Each test below is a
+    necessary condition of a rule of _place_problems failing (tests/isa/test_verify.py holds it to that)."""
+    hw, tensors = ctx.hw, ctx.program.tensors
+    rows = np.flatnonzero(np.isin(table.instr, indices))
+    mem, start, parts, offset, tensor = (c[rows] for c in (table.mem, table.start, table.partitions, table.offset,
+                                                           table.tensor))
+    lo, hi = (c[rows] for c in table.byte_range)
+    hbm = mem == Mem.HBM
+    known = (tensor >= 0) & (tensor < len(tensors))
+    at = np.where(known, tensor, 0)
+    tensor_bytes = np.array([t.num_bytes for t in tensors] or [0], dtype=np.int64)[at]
+    tensor_dtype = np.array([t.dtype.code for t in tensors] or [-1], dtype=np.int64)[at]
+    size = np.where(hbm, tensor_bytes, np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition,
+                                                hw.psum_bytes_per_partition))
+    engine = np.array([ins.engine for ins in ctx.program.instructions], dtype=np.int64)[table.instr[rows]]
+    aligned = np.where(parts > 64, start == 0, np.where(parts > 32, (start == 0) | (start == 64), start % 32 == 0))
+    bad = ((offset < 0) | (offset % table.itemsize[rows] != 0) | (lo < 0) | (hi > size)
+           | np.where(hbm, (start != 0) | ~known | (table.dtype[rows] != tensor_dtype),
+                      (tensor != -1) | (start < 0) | (start + parts > hw.partitions)
+                      | ((engine != Engine.DMA) & ~aligned))
+           | ((mem == Mem.PSUM) & (lo // hw.psum_bank_bytes != (hi - 1) // hw.psum_bank_bytes)))
+    suspects = [table.instr[rows[bad]], _overlap_suspects(table, rows)]
+    return np.unique(np.concatenate(suspects))
+
+
+def _overlap_suspects(table: OperandTable, rows: np.ndarray) -> np.ndarray:
+    """Instructions with a written operand that may share a byte with another operand it is not identical to
+    (rule overlap's candidates: races.operand_overlap decides)."""
+    same = np.column_stack([table.mem, table.dtype, table.partitions, table.start, table.offset, table.tensor,
+                            table.pstride, table.ndims, table.strides, table.counts])
+    lo, hi = table.byte_range
+    found = []
+    widest = int(np.diff(table.first).max(initial=0))
+    for d in range(1, widest):
+        a = rows[rows + d < len(table)]
+        b = a + d
+        keep = table.instr[a] == table.instr[b]
+        a, b = a[keep], b[keep]
+        share = ((table.write[a] | table.write[b]) & (table.mem[a] == table.mem[b])
+                 & np.where(table.mem[a] == Mem.HBM, table.tensor[a] == table.tensor[b],
+                            (table.start[a] < table.start[b] + table.partitions[b])
+                            & (table.start[b] < table.start[a] + table.partitions[a]))
+                 & (lo[a] < hi[b]) & (lo[b] < hi[a]) & np.any(same[a] != same[b], axis=1))
+        found.append(table.instr[a[share]])
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
 def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     """Every violation of the machine's rules in `program`, ordered by instruction index.
 
@@ -287,8 +339,10 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     ctx = Ctx(program, hw if hw is not None else _target(program))
     found, sound = [], []   # violations; the instructions whose operands are well formed
     # Once an instruction of a form passes every rule, the others of that form (a kernel's tiles at other
-    # offsets) run only the place rules (place_operand), and every rule when one of those fails.
+    # offsets) are left to the place rules (place_operand, psum_bank, operand_overlap), checked at the end
+    # over the operand table; every rule runs on the ones those might fault.
     passed: set[tuple] = set()
+    later: list[int] = []
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         for i, ins in enumerate(program.instructions):
             try:
@@ -296,15 +350,22 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
                 seen = key in passed
             except (TypeError, AttributeError):   # unhashable or ill-typed fields: an ill-formed instruction
                 key, seen = None, False
-            if seen and next(_place_problems(ctx, ins), None) is None:
-                problems, ok = [], True
-            else:
-                problems, ok = _instruction(ctx, ins)
-                if not problems and key is not None:
-                    passed.add(key)
+            if seen:
+                later.append(i)
+                continue
+            problems, ok = _instruction(ctx, ins)
+            if not problems and key is not None:
+                passed.add(key)
             found.extend(Violation(i, rule, msg) for rule, msg in problems)
             if ok:
                 sound.append(i)
+        unsound = set()
+        for i in _recheck(ctx, later):
+            problems, ok = _instruction(ctx, program.instructions[i])
+            found.extend(Violation(i, rule, msg) for rule, msg in problems)
+            if not ok:
+                unsound.add(i)
+        sound = sorted([*sound, *(i for i in later if i not in unsound)])
         ordering, problems = races.order(program)
         found.extend(Violation(*p) for p in problems)
         if ordering is not None:
@@ -312,6 +373,18 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
             found.extend(Violation(*p) for p in races.find_races(program, ordering, sound, describe))
     found.sort(key=lambda v: v.index)
     return found
+
+
+def _recheck(ctx: Ctx, later: list[int]) -> list[int]:
+    """Those of `later` (instructions of forms that passed) that every rule must see again: the place rules'
+    suspects over the operand table, or (a program without one) the instructions they fault on."""
+    if not later:
+        return []
+    try:
+        table = operand_table(ctx.program)
+    except TypeError:
+        return [i for i in later if next(_place_problems(ctx, ctx.program.instructions[i]), None) is not None]
+    return _place_suspects(ctx, table, np.array(later, dtype=np.int64)).tolist()
 
 
 def verify(program: Program, hw: HwConfig | None = None) -> None:

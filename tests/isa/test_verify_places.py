@@ -1,0 +1,72 @@
+"""The verifier's place rules over the operand table (isa/verify.py _place_suspects) find exactly what the
+per-instruction rules find: random programs of a few forms at random places, many of them out of bounds,
+misaligned, crossing a PSUM bank or partly overlapping, verified both ways."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trnc.isa import AP, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, get_target
+from trnc.isa import verify as verifier
+
+F32, I32 = DType.FP32, DType.INT32
+TENSORS = (TensorDecl("x", TensorKind.INPUT, F32, (128, 64)), TensorDecl("idx", TensorKind.INPUT, I32, (128, 64)),
+           TensorDecl("out", TensorKind.OUTPUT, F32, (64, 64)))
+TARGET = "trn3"
+
+
+def _rare(rng: random.Random, usual, *faults):
+    """`usual`, or one of `faults` one time in ten: most faulty instructions then have one fault only."""
+    return rng.choice(faults) if rng.random() < 0.1 else usual
+
+
+def _sbuf(rng: random.Random, partitions: int, dims) -> AP:
+    hw = get_target(TARGET)
+    offset = _rare(rng, rng.randrange(0, 4096, 4), hw.sbuf_bytes_per_partition - rng.randrange(0, 512, 4),
+                   rng.randrange(0, 4096, 4) + 2)
+    return AP(Mem.SBUF, F32, partitions, dims, offset, _rare(rng, rng.choice((0, 32, 64, 96)), 16, 100, 8))
+
+
+def _instruction(rng: random.Random) -> Instruction:
+    kind = rng.randrange(3)
+    if kind == 0:   # tensor_tensor, sometimes in place or partly overlapping its output
+        dst = _sbuf(rng, 32, ((1, 64),))
+        shift = _rare(rng, rng.choice((None, 0)), 8, 256)
+        in0 = _sbuf(rng, 32, ((1, 64),)) if shift is None else AP(Mem.SBUF, F32, 32, ((1, 64),), dst.offset + shift,
+                                                                   dst.start_partition)
+        return Instruction.make("tensor_tensor", Engine.DVE, dst=dst, in0=in0, in1=_sbuf(rng, 32, ((1, 64),)),
+                                op=AluOp.ADD)
+    if kind == 1:   # matmul into PSUM at a random offset: some cross a bank, some leave PSUM
+        dst = AP(Mem.PSUM, F32, 64, ((1, 64),), _rare(rng, rng.randrange(0, 7) * 2048, rng.randrange(1, 8) * 2048 - 128, 16384),
+                 _rare(rng, rng.choice((0, 64)), 32))
+        return Instruction.make("matmul", Engine.PE, dst=dst, stationary=_sbuf(rng, 32, ((1, 64),)),
+                                moving=_sbuf(rng, 32, ((1, 64),)))
+    hbm = AP(Mem.HBM, F32, 16, ((1, 64),), _rare(rng, rng.randrange(0, 28000, 4), rng.randrange(30000, 40000, 4),
+                                                  rng.randrange(0, 28000, 4) + 2),
+             tensor=_rare(rng, rng.choice((0, 2)), 1, 3), partition_stride=64)
+    sbuf = _sbuf(rng, 16, ((1, 64),))
+    dst, src = (hbm, sbuf) if rng.random() < 0.5 else (sbuf, hbm)
+    return Instruction.make("dma_copy", Engine.DMA, queue=rng.randrange(2), dst=dst, src=src)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_table_path_reports_what_the_per_instruction_path_reports(seed, monkeypatch):
+    rng = random.Random(seed)
+    program = Program(TENSORS, tuple(_instruction(rng) for _ in range(800)), TARGET)
+    suspects = []
+    real = verifier._place_suspects
+    monkeypatch.setattr(verifier, "_place_suspects", lambda *a: suspects.append(real(*a)) or suspects[-1])
+    fast = verifier.check(program)
+
+    def no_table(program):
+        raise TypeError("no table")
+
+    monkeypatch.setattr(verifier, "operand_table", no_table)
+    slow = verifier.check(Program(program.tensors, program.instructions, program.target))
+    assert fast == slow
+    faulted = {v.index for v in slow if v.rule != "race"}
+    rules = {v.rule for v in slow}
+    assert {"ap-bounds", "ap-form", "partition-align", "psum-bank", "overlap"} <= rules
+    assert 100 < len(faulted) < 600 and len(suspects) == 1
+    assert set(suspects[0].tolist()) <= set(range(len(program.instructions)))
