@@ -22,10 +22,9 @@ import numpy as np
 from trnc.isa.ap import MAX_FREE_DIMS, AP, Mem
 from trnc.isa.decoding import no_gc
 
-# Column order of the per-operand rows `build` collects.
-_COLUMNS = ("instr", "slot", "write", "mem", "dtype", "itemsize", "partitions", "start", "offset", "tensor",
-            "pstride", "ndims")
-_DIM_AT = len(_COLUMNS)   # then stride, count of each of MAX_FREE_DIMS dims (absent dims: stride 0, count 1)
+# The columns `build` unpacks from each distinct AP, then stride and count of each of MAX_FREE_DIMS free dims
+# (absent dims: stride 0, count 1).
+_AP_COLUMNS = ("mem", "dtype", "itemsize", "partitions", "start", "offset", "tensor", "pstride", "ndims")
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,7 @@ class OperandTable:
     aps: list[AP]
     instr: np.ndarray
     slot: np.ndarray        # position among the instruction's present operands
+    field: np.ndarray       # position among the instruction's fields
     write: np.ndarray       # bool
     mem: np.ndarray         # Mem value
     dtype: np.ndarray       # DType code
@@ -72,10 +72,16 @@ class OperandTable:
         offset, tensor): mem, dtype, partitions, dims, and the partition stride of an HBM AP."""
         key = np.column_stack([self.mem, self.dtype, self.partitions, self.ndims, self.strides, self.counts,
                                np.where(self.mem == Mem.HBM, self.pstride, 0)])
-        return _row_ids(key)
+        return row_ids(key)
+
+    @cached_property
+    def ap_id(self) -> np.ndarray:
+        """Per row, an id shared by exactly the rows whose APs are equal (place included)."""
+        return row_ids(np.column_stack([self.mem, self.dtype, self.partitions, self.start, self.offset, self.tensor,
+                                        self.pstride, self.ndims, self.strides, self.counts]))
 
 
-def _row_ids(key: np.ndarray) -> np.ndarray:
+def row_ids(key: np.ndarray) -> np.ndarray:
     """Per row of `key`, an id shared by exactly the equal rows (np.unique(axis=0)'s inverse, faster)."""
     if not len(key):
         return np.zeros(0, dtype=np.int64)
@@ -96,35 +102,41 @@ def operand_table(program) -> OperandTable:
     entry = _tables.get(key)
     if entry is not None and entry[0]() is program:
         return entry[1]
-    table = build(program)
+    table = build(program.instructions)
     _tables[key] = (weakref.ref(program, lambda _, key=key: _tables.pop(key, None)), table)
     return table
 
 
-def build(program) -> OperandTable:
-    """The table of `program`'s operands (one Python pass; each AP object is unpacked once)."""
-    rows: list[tuple] = []
+def build(instructions) -> OperandTable:
+    """The table of the operands of a sequence of instructions (one Python pass; each AP object is unpacked
+    once)."""
+    rows: list[int] = []   # per operand: instruction, slot, field, write, distinct AP
     aps: list[AP] = []
     first = [0]
-    unpacked: dict[int, tuple] = {}   # by id(ap): the program keeps every AP alive while this runs
+    distinct: dict[int, int] = {}   # id(ap) -> its row in `unpacked`: the instructions keep every AP alive meanwhile
+    unpacked: list[tuple] = []
     with no_gc(), _ill_formed_is_type_error():
-        for i, ins in enumerate(program.instructions):
-            for slot, (_, ap, write) in enumerate(ins.operands()):
-                fields = unpacked.get(id(ap))
-                if fields is None:
-                    fields = unpacked[id(ap)] = _fields(ap)
-                rows.append((i, slot, write, *fields))
+        for i, ins in enumerate(instructions):
+            for slot, (field, _, ap, write) in enumerate(ins.operand_fields()):
+                at = distinct.get(id(ap))
+                if at is None:
+                    at = distinct[id(ap)] = len(unpacked)
+                    unpacked.append(_fields(ap))
+                rows += (i, slot, field, write, at)
                 aps.append(ap)
-            first.append(len(rows))
-    width = _DIM_AT + 2 * MAX_FREE_DIMS
-    array = np.array(rows) if rows else np.zeros((0, width), dtype=np.int64)
-    if array.dtype != np.int64:   # numpy finds the type: any float, None or huge int makes it another
+            first.append(len(aps))
+    width = len(_AP_COLUMNS) + 2 * MAX_FREE_DIMS
+    flat = [v for fields in unpacked for v in fields]
+    per_ap = np.array(flat) if flat else np.zeros(0, dtype=np.int64)
+    if per_ap.dtype != np.int64:   # numpy finds the type: any float, None or huge int makes it another
         raise TypeError("an operand field is not an integer of int64 range")
-    cols = array.T
-    named = dict(zip(_COLUMNS, cols))
-    named["write"] = named["write"].astype(bool)
-    return OperandTable(aps, **named, strides=cols[_DIM_AT::2].T.copy(), counts=cols[_DIM_AT + 1::2].T.copy(),
-                        first=np.array(first, dtype=np.int64))
+    per_ap = per_ap.reshape(-1, width)
+    index = np.array(rows, dtype=np.int64).reshape(-1, 5).T
+    cols = per_ap[index[4]].T
+    dims = len(_AP_COLUMNS)
+    return OperandTable(aps, index[0], index[1], index[2], index[3].astype(bool),
+                        **dict(zip(_AP_COLUMNS, cols)), strides=cols[dims::2].T.copy(),
+                        counts=cols[dims + 1::2].T.copy(), first=np.array(first, dtype=np.int64))
 
 
 @contextlib.contextmanager

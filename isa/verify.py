@@ -311,8 +311,6 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
 def _overlap_suspects(table: OperandTable, rows: np.ndarray) -> np.ndarray:
     """Instructions with a written operand that may share a byte with another operand it is not identical to
     (rule overlap's candidates: races.operand_overlap decides)."""
-    same = np.column_stack([table.mem, table.dtype, table.partitions, table.start, table.offset, table.tensor,
-                            table.pstride, table.ndims, table.strides, table.counts])
     lo, hi = table.byte_range
     found = []
     widest = int(np.diff(table.first).max(initial=0))
@@ -325,7 +323,7 @@ def _overlap_suspects(table: OperandTable, rows: np.ndarray) -> np.ndarray:
                  & np.where(table.mem[a] == Mem.HBM, table.tensor[a] == table.tensor[b],
                             (table.start[a] < table.start[b] + table.partitions[b])
                             & (table.start[b] < table.start[a] + table.partitions[a]))
-                 & (lo[a] < hi[b]) & (lo[b] < hi[a]) & np.any(same[a] != same[b], axis=1))
+                 & (lo[a] < hi[b]) & (lo[b] < hi[a]) & (table.ap_id[a] != table.ap_id[b]))
         found.append(table.instr[a[share]])
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 

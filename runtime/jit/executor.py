@@ -40,6 +40,7 @@ import numpy as np
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
+from trnc.isa.operand_table import OperandTable, build, operand_table, row_ids
 from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
@@ -117,7 +118,6 @@ class _Shape:
     sig: KernelSig
     address: int
     staging: tuple[tuple[int, int, KernelSig, int], ...]
-    reach: tuple[int, ...]   # per operand, the bytes of each partition it reaches past its offset (on chip)
 
 
 @dataclass(frozen=True)
@@ -129,15 +129,6 @@ class _DriverTable:
     blocks: np.ndarray
     owners: list[int]
     pieces: list[tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class _Step:
-    """One call of the driver: a kernel, its native address and its argument words."""
-
-    sig: KernelSig
-    address: int
-    words: tuple[int, ...]
 
 
 class JitProgram:
@@ -153,9 +144,11 @@ class JitProgram:
         self.library = Library(self.kernels.codegen)   # the program's native code lives as long as it does
         self.order = execution_order(program)
         self.stage_bytes = 0
-        self._written: set[int] = set()   # HBM tensors some instruction writes
-        self._shapes: dict[tuple, _Shape] = {}              # shape of an instruction -> kernel and staging
-        self._reached = {Mem.SBUF: 0, Mem.PSUM: 0}          # bytes of each partition some instruction reaches
+        try:
+            self.table = operand_table(program)
+        except TypeError as e:
+            raise TrncError(f"JIT: the program cannot be loaded: {e}") from None
+        self._written, self._reached = _written_and_reached(self.table)
         self._kept: tuple[np.ndarray, ...] | None = None     # SBUF, PSUM and scratch buffers between runs
         self._kept_lock = threading.Lock()
         self._serial = self._driver_table(1)
@@ -167,43 +160,40 @@ class JitProgram:
 
     # -- load time ----------------------------------------------------------------------------------
 
-    def _place(self, ap: AP) -> tuple[int, int]:
-        """(memory number, byte offset of element (0, 0) in that memory) of an access pattern."""
-        if ap.mem is Mem.HBM:
-            return HBM_MEM0 + ap.tensor, ap.offset
-        per_partition = self.hw.sbuf_bytes_per_partition if ap.mem is Mem.SBUF else self.hw.psum_bytes_per_partition
-        return SBUF_MEM if ap.mem is Mem.SBUF else PSUM_MEM, ap.start_partition * per_partition + ap.offset
+    def _layout(self, instructions, table: OperandTable) -> list[list[tuple[int, tuple[int, ...]]]]:
+        """Per instruction, its driver steps as (kernel address, argument words): staging copies (if any), then
+        its kernel.
 
-    def _steps(self, ins: Instruction) -> tuple[_Step, ...]:
-        """The driver steps of one instruction: staging copies (if any), then its kernel.
-
-        Kernel and staging depend only on the instruction's shape (_shape_key: its statics, and each operand's
-        access pattern without its place), which many instructions share; per instruction only the operand
-        words (each operand's place) and the dynamic words are new.
+        Kernel and staging depend only on an instruction's shape (_operand_shapes: per operand its field, form
+        and which earlier operand it repeats; and the opcode's static fields), which many instructions share;
+        per instruction only a lookup and the argument words remain: each operand's place, from the table's
+        columns, and the dynamic words.
         """
-        lowering = LOWERINGS.get(ins.opcode)
-        if lowering is None:
-            raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
-        operands = list(ins.operands())
-        key = _shape_key(ins, lowering.statics, operands)
-        shape = self._shapes.get(key)
-        if shape is None:
-            shape = self._shapes[key] = self._shape(ins, lowering, operands)
-        words = []
-        for (_, ap, write), reach in zip(operands, shape.reach):
-            words += self._place(ap)
-            if ap.mem is Mem.HBM:
-                if write:
-                    self._written.add(ap.tensor)
-            elif ap.offset + reach > self._reached[ap.mem]:
-                self._reached[ap.mem] = ap.offset + reach
+        mem = table.mem
+        partition_bytes = np.where(mem == Mem.SBUF, self.hw.sbuf_bytes_per_partition, self.hw.psum_bytes_per_partition)
+        number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
+        place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
+        words = np.column_stack([number, place]).reshape(-1).tolist()
+        shape_ids = _operand_shapes(table, len(instructions)).tolist()
+        first = table.first.tolist()
+        shapes: dict[tuple, _Shape] = {}
         steps = []
-        for slot, stage_at, copy, address in shape.staging:
-            src = words[2 * slot:2 * slot + 2]
-            words[2 * slot:2 * slot + 2] = self.stage_mem, stage_at
-            steps.append(_Step(copy, address, (self.stage_mem, stage_at, *src)))
-        steps.append(_Step(shape.sig, shape.address, (*words, *lowering.dynamics(ins))))
-        return tuple(steps)
+        for i, ins in enumerate(instructions):
+            lowering = LOWERINGS.get(ins.opcode)
+            if lowering is None:
+                raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
+            key = (ins.opcode, shape_ids[i], *(ins[f] for f in lowering.statics))
+            shape = shapes.get(key)
+            if shape is None:
+                shape = shapes[key] = self._shape(ins, lowering, list(ins.operands()))
+            args = words[2 * first[i]:2 * first[i + 1]]
+            found = []
+            for slot, stage_at, copy, address in shape.staging:
+                found.append((address, (self.stage_mem, stage_at, *args[2 * slot:2 * slot + 2])))
+                args[2 * slot:2 * slot + 2] = self.stage_mem, stage_at
+            found.append((shape.address, (*args, *lowering.dynamics(ins))))
+            steps.append(found)
+        return steps
 
     def _shape(self, ins: Instruction, lowering, operands) -> _Shape:
         """The kernel of an instruction's shape, and the staging copies of its staged reads."""
@@ -220,8 +210,7 @@ class JitProgram:
         statics = tuple((f, static_value(ins[f])) for f in lowering.statics)
         names = [name for name, _, _ in operands]
         sig = KernelSig(ins.opcode, tuple(zip(names, layouts)), statics, _same_groups(operands, staged))
-        reach = tuple(ap.byte_range()[1] - ap.offset for _, ap, _ in operands)
-        return _Shape(sig, self._address(sig), tuple(staging), reach)
+        return _Shape(sig, self._address(sig), tuple(staging))
 
     def _address(self, sig: KernelSig) -> int:
         return self.library.address(sig.symbol, self.kernels.object_code(sig))
@@ -233,29 +222,38 @@ class JitProgram:
     def _driver_table(self, parts: int) -> "_DriverTable":
         """The driver table of the execution order, each instruction as up to `parts` pieces (runtime/jit/split.py;
         1: whole). All argument blocks lie in one int64 array, equal blocks stored once."""
+        instructions = self.program.instructions
+        whole = self._layout(instructions, self.table)
+        split_up = {}   # instruction index -> its pieces, when it has more than one
+        if parts > 1:
+            for index, ins in enumerate(instructions):
+                found = split.pieces(ins, parts)
+                if len(found) > 1:
+                    split_up[index] = found
+        pieces = [piece for found in split_up.values() for piece in found]
+        piece_steps = iter(self._layout(pieces, build(pieces)) if pieces else ())
+        per_piece = {index: [next(piece_steps) for _ in found] for index, found in split_up.items()}
         offsets: dict[tuple, int] = {}
         words: list[int] = []
-        kernel_col, block_col, owners, pieces = [], [], [], []
+        kernel_col, block_col, owners, counts_col = [], [], [], []
         for index in self.order:
-            ins = self.program.instructions[index]
             counts = []
-            for piece in split.pieces(ins, parts):
-                found = self._steps(piece)
-                for step in found:
-                    at = offsets.get(step.words)
+            for found in per_piece.get(index) or (whole[index],):
+                for address, block in found:
+                    at = offsets.get(block)
                     if at is None:
-                        at = offsets[step.words] = len(words)
-                        words.extend(step.words)
-                    kernel_col.append(step.address)
+                        at = offsets[block] = len(words)
+                        words.extend(block)
+                    kernel_col.append(address)
                     block_col.append(at)
                 owners.extend([index] * len(found))
                 counts.append(len(found))
-            pieces.append(tuple(counts))
+            counts_col.append(tuple(counts))
         blocks = np.array(words or [0], dtype=np.int64)
         table = np.empty((len(kernel_col), 2), dtype=np.int64)
         table[:, 0] = np.array(kernel_col, dtype=np.uint64).view(np.int64) if kernel_col else 0
         table[:, 1] = blocks.ctypes.data + 8 * np.array(block_col, dtype=np.int64)
-        return _DriverTable(table, blocks, owners, pieces)
+        return _DriverTable(table, blocks, owners, counts_col)
 
     # -- run time -----------------------------------------------------------------------------------
 
@@ -396,15 +394,34 @@ def _contiguous(lay: Layout) -> Layout:
     return Layout(lay.dtype, lay.partitions, stride, tuple(dims))
 
 
-def _shape_key(ins: Instruction, statics: tuple[str, ...], operands) -> tuple:
-    """What decides an instruction's kernel: opcode, static fields, each operand's access pattern but for
-    its place (start partition, offset, HBM tensor), and which operands are one access pattern."""
-    aps = [ap for _, ap, _ in operands]
-    return (ins.opcode, tuple(ins[f] for f in statics),
-            tuple((name, ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride if ap.mem is Mem.HBM else 0)
-                  for name, ap, _ in operands),
-            tuple(next(j for j, other in enumerate(aps) if other is ap or (other.offset == ap.offset and other == ap))
-                  for ap in aps))
+def _operand_shapes(table: OperandTable, count: int) -> np.ndarray:
+    """Per instruction (of `count`), an id shared by exactly the instructions whose operands agree in field,
+    form (isa/operand_table.py: the AP but for its place) and which earlier operand of the instruction each
+    is identical to: with the opcode and its static fields, what decides the kernel."""
+    rows = len(table)
+    if not rows:
+        return np.zeros(count, dtype=np.int64)
+    by = np.lexsort((table.slot, table.ap_id, table.instr))   # equal operands of an instruction together, in order
+    starts = np.ones(rows, dtype=bool)
+    starts[1:] = (table.instr[by][1:] != table.instr[by][:-1]) | (table.ap_id[by][1:] != table.ap_id[by][:-1])
+    repeats = np.empty(rows, dtype=np.int64)
+    repeats[by] = table.slot[by][np.maximum.accumulate(np.where(starts, np.arange(rows), 0))]
+    width = int(table.slot.max()) + 1
+    code = (table.form * (int(table.field.max()) + 1) + table.field) * width + repeats
+    per_instruction = np.full((count, width), -1, dtype=np.int64)
+    per_instruction[table.instr, table.slot] = code
+    return row_ids(per_instruction)
+
+
+def _written_and_reached(table: OperandTable) -> tuple[set[int], dict[Mem, int]]:
+    """The HBM tensors some instruction writes, and per on-chip memory the bytes of each partition reached."""
+    hbm_writes = (table.mem == Mem.HBM) & table.write
+    _, end = table.byte_range
+    reached = {}
+    for mem in (Mem.SBUF, Mem.PSUM):
+        ends = end[table.mem == mem]
+        reached[mem] = int(ends.max()) if ends.size else 0
+    return set(table.tensor[hbm_writes].tolist()), reached
 
 
 def _same_groups(operands, staged: list[int]) -> tuple[tuple[str, ...], ...]:

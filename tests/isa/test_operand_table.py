@@ -41,7 +41,7 @@ def _program(rng: random.Random, n: int) -> Program:
 def test_columns_match_the_ap_methods():
     rng = random.Random(7)
     program = _program(rng, 300)
-    table = build(program)
+    table = build(program.instructions)
     operands = [(i, slot, ap, write) for i, ins in enumerate(program.instructions)
                 for slot, (_, ap, write) in enumerate(ins.operands())]
     assert len(table) == len(operands)
@@ -56,9 +56,9 @@ def test_columns_match_the_ap_methods():
         assert table.first[i] <= row < table.first[i + 1]
 
 
-def test_form_ids_group_exactly_the_aps_equal_but_for_their_place():
+def test_ids_group_exactly_the_equal_aps_and_those_equal_but_for_their_place():
     rng = random.Random(8)
-    table = build(_program(rng, 400))
+    table = build(_program(rng, 400).instructions)
 
     def form(ap: AP):
         return ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride if ap.mem is Mem.HBM else 0
@@ -67,6 +67,10 @@ def test_form_ids_group_exactly_the_aps_equal_but_for_their_place():
     for row, ap in enumerate(table.aps):
         assert ids.setdefault(form(ap), int(table.form[row])) == table.form[row]
     assert len(set(ids.values())) == len(ids)
+    same: dict = {}
+    for row, ap in enumerate(table.aps):
+        assert same.setdefault(ap, int(table.ap_id[row])) == table.ap_id[row]
+    assert len(set(same.values())) == len(same)
 
 
 def test_the_table_is_kept_with_its_program_only():
@@ -82,4 +86,4 @@ def test_a_field_that_is_no_int64_integer_has_no_table(offset):
     program = Program((), (Instruction.make("tensor_copy", Engine.DVE, dst=AP(Mem.SBUF, DType.FP32, 4, ((1, 4),)),
                                             src=ap),))
     with pytest.raises(TypeError):
-        build(program)
+        build(program.instructions)
