@@ -20,6 +20,8 @@ Complexity, for N instructions, Q queues in use and A operand accesses:
   small for disjoint buffers, N^2 for one buffer reused all program long, as allocated programs do).
   Both sizes are counted first and only the smaller is expanded and filtered by bounding box and
   happens-before with numpy: O(A log A + min(W, K)).
+  The accesses' boxes and footprints are numpy over the program's operand table (isa/operand_table.py), each
+  queue's accesses sorted by byte range once per memory; programs the table cannot hold take a per-AP path.
 - exact test, only for unordered pairs whose boxes overlap: the sorted byte addresses each access
   touches within a partition (on chip) or a tensor (HBM), intersected: O(E log E) in the elements E.
   Interleaved strided accesses have overlapping boxes but no common byte, so boxes alone would report
@@ -30,13 +32,14 @@ Measured: a 4-queue pipeline of 100k instructions verifies in about 3 s, two nev
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import SEMAPHORES
+from trnc.isa.operand_table import OperandTable, operand_table
 from trnc.isa.program import Program
 
 EXACT_LIMIT = 1 << 24     # addresses enumerated per access by the exact test; beyond it boxes decide
@@ -186,15 +189,43 @@ class _Accesses:
                         # one after the other (tensor t from byte base[t]), so all HBM is one group
     bhi: np.ndarray
     rows: np.ndarray    # [4, accesses]: the footprint's first byte (shifted as blo), end byte, row stride, width
-    operands: list[tuple[str, AP]]
+    slot: np.ndarray    # position among the instruction's operands, which names the operand in a message
+    aps: Sequence[AP]   # access g's AP is aps[at[g]] (the operand table's list: none is gathered per access)
+    at: np.ndarray
+
+    def operand(self, program: Program, g: int) -> tuple[str, AP]:
+        """(field name, AP) of access g; only races found need them."""
+        name = list(program.instructions[self.instr[g]].operands())[self.slot[g]][0]
+        return name, self.aps[self.at[g]]
 
 
 def _accesses(program: Program, indices: list[int]) -> _Accesses:
-    rows, operands = [], []
+    """The accesses of the instructions `indices` (sorted), as numpy over the rows of the program's operand table."""
+    try:
+        table = operand_table(program)
+    except (TypeError, ValueError, KeyError, AttributeError):   # an ill-formed instruction, not among `indices`
+        return _accesses_per_ap(program, indices)
+    chosen = np.zeros(len(program.instructions), dtype=bool)
+    chosen[indices] = True
+    at = np.flatnonzero(chosen[table.instr])
+    mem, tensor, start = table.mem[at], table.tensor[at], table.start[at]
+    hbm = mem == Mem.HBM
+    tensors = len(program.tensors)
+    shift = np.where(hbm, _tensor_base(program)[np.where((0 <= tensor) & (tensor < tensors), tensor, tensors)], 0)
+    rows = footprint_table(table, at)
+    rows[:2] += shift
+    return _Accesses(table.instr[at], mem - 1, table.write[at], np.where(hbm, 0, start),
+                     np.where(hbm, 1, start + table.partitions[at]), table.byte_range[0][at] + shift,
+                     table.byte_range[1][at] + shift, rows, table.slot[at], table.aps, at)
+
+
+def _accesses_per_ap(program: Program, indices: list[int]) -> _Accesses:
+    """_accesses for a program without an operand table: footprint() of each distinct AP."""
+    rows, aps = [], []
     boxes: dict[AP, tuple[int, ...]] = {}
-    base = np.concatenate([[0], np.cumsum([t.num_bytes + 1 for t in program.tensors])]).tolist()
+    base = _tensor_base(program).tolist()
     for i in indices:
-        for name, ap, write in program.instructions[i].operands():
+        for slot, (_, ap, write) in enumerate(program.instructions[i].operands()):
             box = boxes.get(ap)
             if box is None:
                 lo, hi = ap.byte_range()
@@ -206,10 +237,44 @@ def _accesses(program: Program, indices: list[int]) -> _Accesses:
                     shift = 0
                     box = (int(ap.mem is Mem.PSUM), *ap.partition_range(), lo, hi)
                 box = boxes[ap] = (*box, first + shift, end + shift, stride, width)
-            rows.append((i, write, *box))
-            operands.append((name, ap))
-    cols = np.array(rows, dtype=np.int64).reshape(-1, 11).T
-    return _Accesses(cols[0], cols[2], cols[1].astype(bool), cols[3], cols[4], cols[5], cols[6], cols[7:], operands)
+            rows.append((i, write, slot, *box))
+            aps.append(ap)
+    cols = np.array(rows, dtype=np.int64).reshape(-1, 12).T
+    return _Accesses(cols[0], cols[3], cols[1].astype(bool), cols[4], cols[5], cols[6], cols[7], cols[8:], cols[2],
+                     aps, np.arange(len(aps)))
+
+
+def _tensor_base(program: Program) -> np.ndarray:
+    """Where each HBM tensor starts when all lie one after the other with a byte between; then the end."""
+    sizes = np.array([t.num_bytes + 1 for t in program.tensors], dtype=np.int64)
+    return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes)])
+
+
+@dataclass
+class _Queue:
+    """One queue's accesses to one memory in queue order, with the columns and the sort by byte range that each
+    pairing with another queue reuses."""
+
+    ids: np.ndarray        # access ids
+    instr: np.ndarray
+    pos: np.ndarray        # ordering.pos and .rank of instr: both increase along the queue
+    rank: np.ndarray
+    write: np.ndarray
+    plo: np.ndarray
+    phi: np.ndarray
+    blo: np.ndarray
+    bhi: np.ndarray
+    by_lo: np.ndarray      # positions in ids by increasing blo (stable), and by increasing bhi
+    by_hi: np.ndarray
+    sorted_lo: np.ndarray  # blo[by_lo], bhi[by_hi]
+    sorted_hi: np.ndarray
+
+    @classmethod
+    def of(cls, acc: _Accesses, ordering: Ordering, ids: np.ndarray) -> _Queue:
+        instr, blo, bhi = acc.instr[ids], acc.blo[ids], acc.bhi[ids]
+        by_lo, by_hi = np.argsort(blo, kind="stable"), np.argsort(bhi)
+        return cls(ids, instr, ordering.pos[instr], ordering.rank[instr], acc.write[ids], acc.plo[ids], acc.phi[ids],
+                   blo, bhi, by_lo, by_hi, blo[by_lo], bhi[by_hi])
 
 
 def find_races(program: Program, ordering: Ordering, indices: list[int],
@@ -221,19 +286,18 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
         return []
     queue = ordering.queue[acc.instr]
     by = np.lexsort((acc.instr, queue, acc.mem))
-    groups: dict[int, dict[int, np.ndarray]] = {}
+    groups: dict[int, dict[int, _Queue]] = {}
     keys = np.stack([acc.mem[by], queue[by]], axis=1)
     cuts = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
     for part in np.split(by, cuts):
-        groups.setdefault(int(acc.mem[part[0]]), {})[int(queue[part[0]])] = part
+        groups.setdefault(int(acc.mem[part[0]]), {})[int(queue[part[0]])] = _Queue.of(acc, ordering, part)
     found: dict[tuple[int, int], Problem] = {}
     exact = _ExactTest(acc)
     for per_queue in groups.values():
-        writes = {q for q, ids in per_queue.items() if acc.write[ids].any()}
-        for qa, a_ids in per_queue.items():
-            for qb, b_ids in per_queue.items():
-                if qa != qb and (qa in writes or qb in writes):   # reads alone never race
-                    for ga, gb in _candidates(acc, ordering, qa, a_ids, b_ids):
+        for qa, a in per_queue.items():
+            for qb, b in per_queue.items():
+                if qa != qb and (a.write.any() or b.write.any()):   # reads alone never race
+                    for ga, gb in _candidates(acc, ordering, qa, a, b):
                         pair = (int(acc.instr[ga]), int(acc.instr[gb]))
                         if pair not in found:
                             problem = exact.race(program, ordering, ga, gb, describe)
@@ -242,40 +306,52 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
     return list(found.values())
 
 
-def _candidates(acc: _Accesses, ordering: Ordering, qa: int, a_ids: np.ndarray, b_ids: np.ndarray):
+def _candidates(acc: _Accesses, ordering: Ordering, qa: int, a: _Queue, b: _Queue):
     """Pairs (a, b) of access ids, a on queue qa ranked before b and not happening before it, whose bounding
-    boxes overlap and one of which writes; a_ids are in queue order.
+    boxes overlap and one of which writes.
 
     Two enumerations find a superset: in time, the run of a's that b's clock has not seen and that rank
     before b; in space, the pairs where one byte range starts inside the other. Both are counted first
     (binary searches) and the shorter one is expanded, so neither a long unsynchronized stretch nor the
     reuse of one buffer over time alone makes the work quadratic.
     """
-    a_instr, b_instr = acc.instr[a_ids], acc.instr[b_ids]
-    t_lo = np.searchsorted(ordering.pos[a_instr], ordering.clock[b_instr, qa], side="left")
-    t_hi = np.searchsorted(ordering.rank[a_instr], ordering.rank[b_instr], side="left")
-    a_by_lo, b_by_lo = np.argsort(acc.blo[a_ids], kind="stable"), np.argsort(acc.blo[b_ids], kind="stable")
-    a_lo, b_lo = acc.blo[a_ids][a_by_lo], acc.blo[b_ids][b_by_lo]
+    clock = ordering.clock[b.instr, qa]   # of each b: how many a's happen before it
+    t_lo, t_hi = np.searchsorted(a.pos, clock, side="left"), np.searchsorted(a.rank, b.rank, side="left")
     # a starting in [blo_b, bhi_b), and b starting in (blo_a, bhi_a): every overlapping pair exactly once
-    s1_lo, s1_hi = np.searchsorted(a_lo, acc.blo[b_ids], "left"), np.searchsorted(a_lo, acc.bhi[b_ids], "left")
-    s2_lo, s2_hi = np.searchsorted(b_lo, acc.blo[a_ids], "right"), np.searchsorted(b_lo, acc.bhi[a_ids], "left")
+    # (searched for in sorted order, several times faster, then put back in queue order)
+    s1_lo = _in_order(np.searchsorted(a.sorted_lo, b.sorted_lo, "left"), b.by_lo)
+    s1_hi = _in_order(np.searchsorted(a.sorted_lo, b.sorted_hi, "left"), b.by_hi)
+    s2_lo = _in_order(np.searchsorted(b.sorted_lo, a.sorted_lo, "right"), a.by_lo)
+    s2_hi = _in_order(np.searchsorted(b.sorted_lo, a.sorted_hi, "left"), a.by_hi)
     in_time = np.maximum(t_hi - t_lo, 0).sum()
     in_space = (s1_hi - s1_lo).sum() + (s2_hi - s2_lo).sum()
-    if in_time <= in_space:
-        runs = [(t_lo, t_hi, lambda owner, at: (a_ids[at], b_ids[owner]))]
+    # the filter, on positions i in a and j in b; the test most pairs of the runs fail goes first
+    unordered, overlap, rest = (lambda i, j: (t_lo[j] <= i) & (i < t_hi[j]),   # and a ranked first
+                                lambda i, j: (a.blo[i] < b.bhi[j]) & (b.blo[j] < a.bhi[i]),
+                                lambda i, j: (a.plo[i] < b.phi[j]) & (b.plo[j] < a.phi[i]) & (a.write[i] | b.write[j]))
+    if in_time <= in_space:   # runs of (owner, position) as pairs (i, j)
+        runs = [(t_lo, t_hi, lambda owner, at: (at, owner))]
+        tests = (overlap, unordered, rest)
     else:
-        runs = [(s1_lo, s1_hi, lambda owner, at: (a_ids[a_by_lo[at]], b_ids[owner])),
-                (s2_lo, s2_hi, lambda owner, at: (a_ids[owner], b_ids[b_by_lo[at]]))]
+        runs = [(s1_lo, s1_hi, lambda owner, at: (a.by_lo[at], owner)),
+                (s2_lo, s2_hi, lambda owner, at: (owner, b.by_lo[at]))]
+        tests = (unordered, overlap, rest)
     for lo, hi, pairs in runs:
         for owner, at in _expand(lo, np.maximum(hi - lo, 0)):
-            ga, gb = pairs(owner, at)
-            ia, ib = acc.instr[ga], acc.instr[gb]
-            keep = ((ordering.rank[ia] < ordering.rank[ib]) & (ordering.pos[ia] >= ordering.clock[ib, qa])
-                    & (acc.write[ga] | acc.write[gb]) & (acc.plo[ga] < acc.phi[gb]) & (acc.plo[gb] < acc.phi[ga])
-                    & (acc.blo[ga] < acc.bhi[gb]) & (acc.blo[gb] < acc.bhi[ga]))
-            ga, gb = ga[keep], gb[keep]
+            ia, ib = pairs(owner, at)
+            for test in tests:
+                keep = test(ia, ib)
+                ia, ib = ia[keep], ib[keep]
+            ga, gb = a.ids[ia], b.ids[ib]
             meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
             yield from zip(ga[meet].tolist(), gb[meet].tolist(), strict=True)
+
+
+def _in_order(found: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Results found for the needles taken in `order`, put back in the needles' order."""
+    out = np.empty_like(found)
+    out[order] = found
+    return out
 
 
 def _expand(starts: np.ndarray, counts: np.ndarray):
@@ -289,7 +365,7 @@ def _expand(starts: np.ndarray, counts: np.ndarray):
         c = counts[chunk]
         n = int(c.sum())
         if n:
-            yield np.repeat(chunk, c), np.repeat(starts[chunk], c) + np.arange(n) - np.repeat(np.cumsum(c) - c, c)
+            yield np.repeat(chunk, c), np.repeat(starts[chunk] - (np.cumsum(c) - c), c) + np.arange(n)
 
 
 def byte_addresses(ap: AP) -> np.ndarray | None:
@@ -387,6 +463,43 @@ def _hbm_rows(ap: AP, isz: int) -> tuple[int, int, int, int]:
     return _rows(first, abs(stride) * isz, count, (hi - lo + 1) * isz)
 
 
+def footprint_table(table: OperandTable, at: np.ndarray) -> np.ndarray:
+    """footprint(ap)[3:] of the table's rows `at` as [4, rows] columns (first byte, end byte, row stride, row
+    width): the same rows, chosen by the same rules, computed over all rows at once."""
+    isz, offset, strides, counts = table.itemsize[at], table.offset[at], table.strides[at], table.counts[at]
+    lo, hi = table.byte_range[0][at], table.byte_range[1][at]
+    zero = np.zeros_like(lo)
+    # on chip: rows along the outer free dim when there are several and its stride is positive
+    inner = strides[:, 1:] * (counts[:, 1:] - 1)
+    in_lo, in_hi = np.minimum(inner, 0).sum(axis=1), np.maximum(inner, 0).sum(axis=1)
+    chip = _rows_columns(offset + in_lo * isz, strides[:, 0] * isz, counts[:, 0], (in_hi - in_lo + 1) * isz)
+    chip_rows = (table.ndims[at] > 1) & (strides[:, 0] > 0)
+    # HBM: rows along the first dim of largest |stride| among the partitions then the free dims that move
+    s = np.column_stack([table.pstride[at], strides])
+    c = np.column_stack([table.partitions[at], counts])
+    moves = (c > 1) & (s != 0)
+    row = np.argmax(np.where(moves, np.abs(s), -1), axis=1)[:, None]   # argmax keeps the first, as max does
+    reach = s * (c - 1)   # 0 for the dims that do not move
+    row_reach = np.take_along_axis(reach, row, axis=1)[:, 0]
+    out_lo = np.minimum(reach, 0).sum(axis=1) - np.minimum(row_reach, 0)
+    out_hi = np.maximum(reach, 0).sum(axis=1) - np.maximum(row_reach, 0)
+    hbm = _rows_columns(offset + (out_lo + np.minimum(row_reach, 0)) * isz,
+                        np.abs(np.take_along_axis(s, row, axis=1)[:, 0]) * isz,
+                        np.take_along_axis(c, row, axis=1)[:, 0], (out_hi - out_lo + 1) * isz)
+    on_hbm = table.mem[at] == Mem.HBM
+    return np.where(on_hbm & moves.any(axis=1), hbm,
+                    np.where(~on_hbm & chip_rows, chip, np.stack([lo, hi, zero, zero])))
+
+
+def _rows_columns(offset: np.ndarray, stride: np.ndarray, count: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """_rows over columns, as [4, n]."""
+    far = offset + (count - 1) * stride
+    apart = (count > 1) & (stride >= width)
+    zero = np.zeros_like(offset)
+    return np.where(apart, np.stack([offset, far + width, stride, width]),
+                    np.stack([np.minimum(offset, far), np.maximum(offset, far) + width, zero, zero]))
+
+
 def footprints_overlap(a, b) -> bool:
     """Whether two footprints share a byte (their boxes already intersect)."""
     _, _, _, a0, a1, sa, wa = a
@@ -432,7 +545,7 @@ class _ExactTest:
         self.cache: dict[AP, np.ndarray | None] = {}
 
     def _bytes(self, g: int) -> np.ndarray | None:
-        ap = self.acc.operands[g][1]
+        ap = self.acc.aps[self.acc.at[g]]
         if ap not in self.cache:
             self.cache[ap] = byte_addresses(ap)
         return self.cache[ap]
@@ -448,7 +561,7 @@ class _ExactTest:
                 return None
             where = f"bytes [{common[0]}, {common[-1] + 1}) ({common.size} in common)"
         a, b = int(self.acc.instr[ga]), int(self.acc.instr[gb])
-        (name_a, ap_a), (name_b, ap_b) = self.acc.operands[ga], self.acc.operands[gb]
+        (name_a, ap_a), (name_b, ap_b) = self.acc.operand(program, ga), self.acc.operand(program, gb)
         if ap_a.mem is Mem.HBM:
             memory = f"hbm tensor '{program.tensors[ap_a.tensor].name}' {where}"
         else:

@@ -9,9 +9,11 @@ import itertools
 import random
 import re
 
+import numpy as np
 import pytest
 
-from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
+from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, races
+from trnc.isa.operand_table import operand_table
 from trnc.isa.races import operand_overlap, order
 from trnc.isa.verify import check
 
@@ -318,3 +320,79 @@ def test_scale_unsynchronized_interleaved_queues():
     assert check(Program(TENSORS, tuple(instrs), "trn3")) == []
     instrs[2 * 1234 + 1] = column(Engine.POOL, 1234, 0)
     assert reported_races(Program(TENSORS, tuple(instrs), "trn3")) == {(2 * 1234, 2 * 1234 + 1)}
+
+
+# -- the operand table's columns against the per-AP path ----------------------------------------------
+
+def any_ap(rng: random.Random) -> AP:
+    """An AP of any shape: negative, zero and equal strides, count-1 dims, transposed HBM views (a free dim
+    stepping further than the partitions), 0 to 4 dims; some HBM tensors out of range."""
+    dtype = rng.choice((DType.FP32, DType.BF16, DType.INT8))
+    dims = tuple((rng.choice((0, 1, -1, 2, -3, 8, 64, -64, 200)), rng.choice((1, 1, 2, 3, 7)))
+                 for _ in range(rng.randrange(5)))
+    partitions = rng.choice((1, 2, 5, 32))
+    offset = dtype.itemsize * rng.randrange(0, 4096)
+    if rng.random() < 0.5:
+        return AP(Mem.HBM, dtype, partitions, dims, offset, tensor=rng.choice((0, 1, 1, 2, -1)),
+                  partition_stride=rng.choice((0, 1, -1, 8, 64, -64, 200)))
+    return AP(rng.choice((Mem.SBUF, Mem.PSUM)), dtype, partitions, dims, offset, rng.randrange(0, 96))
+
+
+def any_program(rng: random.Random, n: int) -> Program:
+    instrs = tuple(make("dma_copy", Engine.DMA, queue=rng.randrange(4), dst=any_ap(rng), src=any_ap(rng))
+                   for _ in range(n))
+    return Program(TENSORS, instrs, "trn3")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_footprint_columns_of_the_operand_table_are_footprint_row_for_row(seed):
+    program = any_program(random.Random(seed), 300)
+    table = operand_table(program)
+    expected = [races.footprint(ap)[3:] for ap in table.aps]
+    got = races.footprint_table(table, np.arange(len(table)))
+    assert got.T.tolist() == [list(e) for e in expected]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_accesses_from_the_table_are_those_of_the_per_ap_path(seed):
+    """Every column, the shift of HBM tensors one after the other included, over a subset of instructions."""
+    rng = random.Random(seed)
+    program = any_program(rng, 200)
+    indices = sorted(rng.sample(range(200), rng.choice((0, 1, 150, 200))))
+    table, per_ap = races._accesses(program, indices), races._accesses_per_ap(program, indices)
+    for column in ("instr", "mem", "write", "plo", "phi", "blo", "bhi", "rows", "slot"):
+        assert getattr(table, column).tolist() == getattr(per_ap, column).tolist(), column
+    assert [table.operand(program, g) for g in range(len(table.instr))] == \
+           [per_ap.operand(program, g) for g in range(len(per_ap.instr))]
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_races_are_the_same_without_an_operand_table(block, monkeypatch):
+    """The per-AP path (programs with an operand the table cannot hold) finds the same problems, in order."""
+    mutants = []
+    for seed in range(block, 40, 2):
+        program = synchronized_program(seed)
+        mutants += [without_wait(program, i, k) for i, ins in enumerate(program.instructions)
+                    for k in range(len(ins.waits))]
+    with_table = [check(m) for m in mutants]
+    assert sum(map(len, with_table)) >= 20
+
+    def no_table(program):
+        raise TypeError("no table")
+    monkeypatch.setattr(races, "operand_table", no_table)
+    assert [check(m) for m in mutants] == with_table
+
+
+def test_a_race_is_found_beside_an_operand_the_table_cannot_hold():
+    x = AP(Mem.SBUF, F32, 32, ((1, 8),))
+    five_dims = AP(Mem.SBUF, F32, 32, ((1, 1),) * 5, offset=1024)
+    program = Program(TENSORS, (
+        make("memset", Engine.DVE, dst=x, value=0.0),
+        make("memset", Engine.POOL, dst=five_dims, value=0.0),
+        make("activation", Engine.ACT, dst=x, src=x, func=ActFunc.EXP),
+    ), "trn3")
+    with pytest.raises(TypeError):
+        operand_table(program)
+    found = check(program)
+    assert [(v.index, v.rule) for v in found if v.rule == "race"] == [(2, "race")]
+    assert any(v.index == 1 and v.rule == "ap-form" for v in found)
