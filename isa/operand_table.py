@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from itertools import chain
+from operator import attrgetter
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,10 +23,12 @@ import numpy as np
 
 from trnc.isa.ap import MAX_FREE_DIMS, AP, Mem
 from trnc.isa.decoding import no_gc
+from trnc.isa.dtypes import DType
+from trnc.isa.opcodes import opspec
 
-# The columns `build` unpacks from each distinct AP, then stride and count of each of MAX_FREE_DIMS free dims
-# (absent dims: stride 0, count 1).
-_AP_COLUMNS = ("mem", "dtype", "itemsize", "partitions", "start", "offset", "tensor", "pstride", "ndims")
+# The integer columns read from AP attributes of the same meaning (besides mem, dtype and dims).
+_AP_FIELDS = {"partitions": "partitions", "start": "start_partition", "offset": "offset",
+              "tensor": "tensor", "pstride": "partition_stride"}
 
 
 @dataclass(frozen=True)
@@ -108,35 +112,70 @@ def operand_table(program) -> OperandTable:
 
 
 def build(instructions) -> OperandTable:
-    """The table of the operands of a sequence of instructions (one Python pass; each AP object is unpacked
-    once)."""
-    rows: list[int] = []   # per operand: instruction, slot, field, write, distinct AP
+    """The table of the operands of a sequence of instructions: one Python pass lists them, and each field of
+    the distinct AP objects becomes a column by C-level iteration (operator.attrgetter into np.fromiter).
+    Decoded programs share one object per distinct AP (isa/decoding.py), and so do compiled ones (passes/tile/
+    emit.py), so each is read once."""
+    rows: list[int] = []   # per operand: instruction, slot, field, write, index of its AP object in `distinct`
     aps: list[AP] = []
     first = [0]
-    distinct: dict[int, int] = {}   # id(ap) -> its row in `unpacked`: the instructions keep every AP alive meanwhile
-    unpacked: list[tuple] = []
+    distinct: dict[int, int] = {}   # id(ap) -> index: the instructions keep every AP alive meanwhile
+    ap_fields: dict[str, tuple] = {}   # opcode -> (position, name, written) of its AP fields
     with no_gc(), _ill_formed_is_type_error():
         for i, ins in enumerate(instructions):
-            for slot, (field, _, ap, write) in enumerate(ins.operand_fields()):
-                at = distinct.get(id(ap))
-                if at is None:
-                    at = distinct[id(ap)] = len(unpacked)
-                    unpacked.append(_fields(ap))
-                rows += (i, slot, field, write, at)
-                aps.append(ap)
+            fields = ap_fields.get(ins.opcode)
+            if fields is None:
+                fields = ap_fields[ins.opcode] = opspec(ins.opcode).ap_slots
+            args, slot = ins.args, 0
+            for field, name, write in fields:
+                if args[field][0] != name:
+                    raise KeyError(f"{ins.opcode}'s fields are not in table order")
+                ap = args[field][1]
+                if ap is not None:
+                    rows += (i, slot, field, write, distinct.setdefault(id(ap), len(distinct)))
+                    aps.append(ap)
+                    slot += 1
             first.append(len(aps))
-    width = len(_AP_COLUMNS) + 2 * MAX_FREE_DIMS
-    flat = [v for fields in unpacked for v in fields]
-    per_ap = np.array(flat) if flat else np.zeros(0, dtype=np.int64)
-    if per_ap.dtype != np.int64:   # numpy finds the type: any float, None or huge int makes it another
-        raise TypeError("an operand field is not an integer of int64 range")
-    per_ap = per_ap.reshape(-1, width)
-    index = np.array(rows, dtype=np.int64).reshape(-1, 5).T
-    cols = per_ap[index[4]].T
-    dims = len(_AP_COLUMNS)
-    return OperandTable(aps, index[0], index[1], index[2], index[3].astype(bool),
-                        **dict(zip(_AP_COLUMNS, cols)), strides=cols[dims::2].T.copy(),
-                        counts=cols[dims + 1::2].T.copy(), first=np.array(first, dtype=np.int64))
+        index = np.array(rows, dtype=np.int64).reshape(-1, 5).T
+        unique = np.zeros(len(distinct), dtype=np.int64)
+        unique[index[4]] = np.arange(len(aps))   # an operand row of each distinct AP object
+        columns = {name: column[index[4]] for name, column in _unpack([aps[r] for r in unique.tolist()]).items()}
+    return OperandTable(aps, index[0], index[1], index[2], index[3].astype(bool), **columns,
+                        first=np.array(first, dtype=np.int64))
+
+
+def _unpack(aps: list) -> dict[str, np.ndarray]:
+    """The AP columns of OperandTable; TypeError unless every AP is one of at most MAX_FREE_DIMS free dims with
+    integer fields. Each AP is read once, by one attrgetter, and each field then converted as one sequence."""
+    if not aps:
+        return _unpack([AP(Mem.SBUF, DType.FP32, 1, ())])   # columns of the right shapes; build takes no row
+    if not set(map(type, aps)) <= {AP}:
+        raise TypeError("an operand is not an access pattern")
+    mem, *values, dims, dtypes = zip(*map(attrgetter("mem", *_AP_FIELDS.values(), "dims", "dtype"), aps))
+    if not set(map(type, mem)) <= {Mem} or not set(map(type, dtypes)) <= {DType}:
+        raise TypeError("an access pattern's memory or dtype is not a Mem or DType")
+    columns = {name: _ints(column) for name, column in zip(_AP_FIELDS, values)}
+    columns["mem"] = _ints(mem)
+    columns["dtype"] = _ints(map(attrgetter("code"), dtypes))
+    columns["itemsize"] = _ints(map(attrgetter("itemsize"), dtypes))
+    ndims = columns["ndims"] = _ints(map(len, dims))
+    if ndims.max() > MAX_FREE_DIMS:
+        raise TypeError(f"an access pattern has more than {MAX_FREE_DIMS} free dims")
+    pairs = _ints(chain.from_iterable(chain.from_iterable(dims))).reshape(-1, 2)
+    owner = np.repeat(np.arange(len(aps)), ndims)
+    at = np.arange(len(owner)) - np.repeat(np.cumsum(ndims) - ndims, ndims)
+    columns["strides"] = np.zeros((len(aps), MAX_FREE_DIMS), dtype=np.int64)
+    columns["counts"] = np.ones((len(aps), MAX_FREE_DIMS), dtype=np.int64)
+    columns["strides"][owner, at], columns["counts"][owner, at] = pairs[:, 0], pairs[:, 1]
+    return columns
+
+
+def _ints(values) -> np.ndarray:
+    """int64 of Python or numpy integers (np.fromiter would truncate a float silently)."""
+    values = values if isinstance(values, tuple) else tuple(values)
+    if any(t is bool or not issubclass(t, (int, np.integer)) for t in set(map(type, values))):
+        raise TypeError("an access pattern field is not an integer")
+    return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
 @contextlib.contextmanager
@@ -144,16 +183,5 @@ def _ill_formed_is_type_error():
     """An instruction whose operands cannot be listed (an unknown opcode, a missing field) makes no table."""
     try:
         yield
-    except (AttributeError, KeyError, ValueError, IndexError) as e:
+    except (AttributeError, KeyError, ValueError, IndexError, TypeError, OverflowError) as e:
         raise TypeError(f"an instruction is ill-formed: {e}") from None
-
-
-_PAD = tuple((0, 1) * (MAX_FREE_DIMS - k) for k in range(MAX_FREE_DIMS + 1))
-
-
-def _fields(ap) -> tuple:
-    if not isinstance(ap, AP) or not isinstance(ap.mem, Mem) or len(ap.dims) > MAX_FREE_DIMS:
-        raise TypeError(f"{ap!r} is not an access pattern of at most {MAX_FREE_DIMS} free dims")
-    dtype = ap.dtype
-    return (ap.mem, dtype.code, dtype.itemsize, ap.partitions, ap.start_partition, ap.offset, ap.tensor,
-            ap.partition_stride, len(ap.dims), *sum(ap.dims, ()), *_PAD[len(ap.dims)])

@@ -103,18 +103,13 @@ class Instruction:
         return queue_name(self.engine, self.queue)
 
     def operands(self) -> Iterator[tuple[str, AP, bool]]:
-        """(field name, AP, is_write) of every present AP operand."""
-        for _, name, ap, out in self.operand_fields():
-            yield name, ap, out
-
-    def operand_fields(self) -> Iterator[tuple[int, str, AP, bool]]:
-        """(position among the fields, field name, AP, is_write) of every present AP operand (found by position
-        when the fields are in table order, as in every well-formed instruction; else by name)."""
+        """(field name, AP, is_write) of every present AP operand (by position when the fields are in table order,
+        as in every well-formed instruction; else by name)."""
         args = self.args
         for k, name, out in self.spec.ap_slots:
             ap = args[k][1] if k < len(args) and args[k][0] == name else self[name]
             if ap is not None:
-                yield k, name, ap, out
+                yield name, ap, out
 
     def replace(self, **changes) -> "Instruction":
         from dataclasses import replace

@@ -68,16 +68,20 @@ def order(program: Program) -> tuple[Ordering | None, list[Problem]]:
     instrs = program.instructions
     n = len(instrs)
     names: dict[str, int] = {}
-    queue = np.empty(n, dtype=np.int64)
-    pos = np.empty(n, dtype=np.int64)
-    prev = [-1] * n
+    ids: dict[tuple, int] = {}   # (engine, queue) -> queue id, by the queue's name (compute engines ignore queue)
+    queues, positions, prev = [0] * n, [0] * n, [-1] * n
     last: list[int] = []
     for i, ins in enumerate(instrs):
-        q = names.setdefault(ins.queue_name, len(names))
-        if q == len(last):
-            last.append(-1)
-        queue[i], prev[i], last[q] = q, last[q], i
-        pos[i] = pos[prev[i]] + 1 if prev[i] >= 0 else 0
+        q = ids.get((ins.engine, ins.queue))
+        if q is None:
+            q = ids[ins.engine, ins.queue] = names.setdefault(ins.queue_name, len(names))
+            if q == len(last):
+                last.append(-1)
+        p = last[q]
+        queues[i], prev[i], last[q] = q, p, i
+        if p >= 0:
+            positions[i] = positions[p] + 1
+    queue, pos = np.array(queues, dtype=np.int64), np.array(positions, dtype=np.int64)
     queue_names = tuple(names)
     events, problems = _signal_events(program, queue, queue_names)
     waits: list[list[int]] = [[] for _ in range(n)]

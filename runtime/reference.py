@@ -178,9 +178,12 @@ def execution_order(program: Program) -> list[int]:
     is signalled, so the cost is about constant per instruction instead of per queue.
     """
     queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
+    ids: dict[tuple, int | None] = {}   # (engine, queue) -> position in QUEUE_ORDER, by the queue's name
     queues: list[deque[int]] = [deque() for _ in QUEUE_ORDER]
     for index, ins in enumerate(program.instructions):
-        q = queue_of.get(ins.queue_name)
+        q = ids.get((ins.engine, ins.queue), -1)
+        if q == -1:
+            q = ids[ins.engine, ins.queue] = queue_of.get(ins.queue_name)
         if q is None:
             raise TrncError(f"instruction {index} ({ins.opcode}) is on queue '{ins.queue_name}'; queues are "
                             f"{', '.join(QUEUE_ORDER)}")
@@ -203,18 +206,20 @@ def execution_order(program: Program) -> list[int]:
         look(q)
     order: list[int] = []
     for _ in range(len(instructions)):
-        q = ready.index(True) if True in ready else -1
-        if q < 0:
+        try:
+            q = ready.index(True)
+        except ValueError:
             raise ExecutionError("deadlock: no queue can start its next instruction; "
-                                 + "; ".join(_blocked(program, qu[0], counts) for qu in queues if qu))
+                                 + "; ".join(_blocked(program, qu[0], counts) for qu in queues if qu)) from None
         index = queues[q].popleft()
         order.append(index)
         ready[q] = False
         for s in instructions[index].signals:
             counts[s] += 1
-            woken, parked[s] = parked[s], []
-            for other in woken:
-                look(other)
+            if parked[s]:
+                woken, parked[s] = parked[s], []
+                for other in woken:
+                    look(other)
         look(q)
     return order
 

@@ -131,6 +131,58 @@ class _DriverTable:
     pieces: list[tuple[int, ...]]
 
 
+class _Layout:
+    """The driver steps of a sequence of instructions, from their operand table.
+
+    Kernel and staging depend only on an instruction's shape (_operand_shapes: per operand its field, form and
+    which earlier operand it repeats; and the opcode's static fields), which many instructions share; per
+    instruction only a lookup and the argument words remain: each operand's place, a column of the table, and
+    the dynamic words.
+    """
+
+    def __init__(self, jit: "JitProgram", instructions, table: OperandTable):
+        hw, mem = jit.hw, table.mem
+        partition_bytes = np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition, hw.psum_bytes_per_partition)
+        number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
+        place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
+        self.jit, self.instructions = jit, instructions
+        self.words = np.column_stack([number, place]).reshape(-1).tolist()   # per operand: memory, place
+        self.shape_ids = _operand_shapes(table, len(instructions)).tolist()
+        self.first = table.first.tolist()
+        self.shapes: dict[tuple, _Shape] = {}
+        self.opcodes: dict[str, tuple] = {}   # opcode -> its lowering and the positions of its static fields
+
+    def steps(self, i: int) -> list[tuple[int, list[int]]]:
+        """Instruction i's driver steps as (kernel address, argument words): staging copies (if any), then its
+        kernel."""
+        ins = self.instructions[i]
+        found = self.opcodes.get(ins.opcode)
+        if found is None:
+            found = self.opcodes[ins.opcode] = self._opcode(ins)
+        lowering, statics = found
+        args = ins.args
+        key = (ins.opcode, self.shape_ids[i], *[args[k][1] for k in statics])
+        shape = self.shapes.get(key)
+        if shape is None:
+            shape = self.shapes[key] = self.jit._shape(ins, lowering, list(ins.operands()))
+        words = self.words[2 * self.first[i]:2 * self.first[i + 1]]
+        steps = []
+        for slot, stage_at, _, address in shape.staging:
+            stage_mem = self.jit.stage_mem
+            steps.append((address, [stage_mem, stage_at, *words[2 * slot:2 * slot + 2]]))
+            words[2 * slot:2 * slot + 2] = stage_mem, stage_at
+        steps.append((shape.address, words + list(lowering.dynamics(ins))))
+        return steps
+
+    @staticmethod
+    def _opcode(ins: Instruction) -> tuple:
+        lowering = LOWERINGS.get(ins.opcode)
+        if lowering is None:
+            raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
+        names = [name for name, _ in ins.args]
+        return lowering, tuple(names.index(f) for f in lowering.statics)
+
+
 class JitProgram:
     """A program loaded for the JIT: its kernels compiled and its driver table laid out; `run` executes it."""
 
@@ -160,41 +212,6 @@ class JitProgram:
 
     # -- load time ----------------------------------------------------------------------------------
 
-    def _layout(self, instructions, table: OperandTable) -> list[list[tuple[int, tuple[int, ...]]]]:
-        """Per instruction, its driver steps as (kernel address, argument words): staging copies (if any), then
-        its kernel.
-
-        Kernel and staging depend only on an instruction's shape (_operand_shapes: per operand its field, form
-        and which earlier operand it repeats; and the opcode's static fields), which many instructions share;
-        per instruction only a lookup and the argument words remain: each operand's place, from the table's
-        columns, and the dynamic words.
-        """
-        mem = table.mem
-        partition_bytes = np.where(mem == Mem.SBUF, self.hw.sbuf_bytes_per_partition, self.hw.psum_bytes_per_partition)
-        number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
-        place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
-        words = np.column_stack([number, place]).reshape(-1).tolist()
-        shape_ids = _operand_shapes(table, len(instructions)).tolist()
-        first = table.first.tolist()
-        shapes: dict[tuple, _Shape] = {}
-        steps = []
-        for i, ins in enumerate(instructions):
-            lowering = LOWERINGS.get(ins.opcode)
-            if lowering is None:
-                raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
-            key = (ins.opcode, shape_ids[i], *(ins[f] for f in lowering.statics))
-            shape = shapes.get(key)
-            if shape is None:
-                shape = shapes[key] = self._shape(ins, lowering, list(ins.operands()))
-            args = words[2 * first[i]:2 * first[i + 1]]
-            found = []
-            for slot, stage_at, copy, address in shape.staging:
-                found.append((address, (self.stage_mem, stage_at, *args[2 * slot:2 * slot + 2])))
-                args[2 * slot:2 * slot + 2] = self.stage_mem, stage_at
-            found.append((shape.address, (*args, *lowering.dynamics(ins))))
-            steps.append(found)
-        return steps
-
     def _shape(self, ins: Instruction, lowering, operands) -> _Shape:
         """The kernel of an instruction's shape, and the staging copies of its staged reads."""
         layouts = [layout_of(ap, self.hw) for _, ap, _ in operands]
@@ -221,31 +238,28 @@ class JitProgram:
 
     def _driver_table(self, parts: int) -> "_DriverTable":
         """The driver table of the execution order, each instruction as up to `parts` pieces (runtime/jit/split.py;
-        1: whole). All argument blocks lie in one int64 array, equal blocks stored once."""
+        1: whole). All argument blocks lie in one int64 array."""
         instructions = self.program.instructions
-        whole = self._layout(instructions, self.table)
-        split_up = {}   # instruction index -> its pieces, when it has more than one
+        whole = _Layout(self, instructions, self.table)
+        spans: dict[int, range] = {}   # instruction index -> its pieces' positions in `pieces`, when split
+        pieces: list[Instruction] = []
         if parts > 1:
             for index, ins in enumerate(instructions):
                 found = split.pieces(ins, parts)
                 if len(found) > 1:
-                    split_up[index] = found
-        pieces = [piece for found in split_up.values() for piece in found]
-        piece_steps = iter(self._layout(pieces, build(pieces)) if pieces else ())
-        per_piece = {index: [next(piece_steps) for _ in found] for index, found in split_up.items()}
-        offsets: dict[tuple, int] = {}
+                    spans[index] = range(len(pieces), len(pieces) + len(found))
+                    pieces.extend(found)
+        split_up = _Layout(self, pieces, build(pieces)) if pieces else None
         words: list[int] = []
         kernel_col, block_col, owners, counts_col = [], [], [], []
         for index in self.order:
+            span = spans.get(index)
             counts = []
-            for found in per_piece.get(index) or (whole[index],):
+            for found in [split_up.steps(k) for k in span] if span else (whole.steps(index),):
                 for address, block in found:
-                    at = offsets.get(block)
-                    if at is None:
-                        at = offsets[block] = len(words)
-                        words.extend(block)
                     kernel_col.append(address)
-                    block_col.append(at)
+                    block_col.append(len(words))
+                    words += block
                 owners.extend([index] * len(found))
                 counts.append(len(found))
             counts_col.append(tuple(counts))
