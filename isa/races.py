@@ -26,8 +26,9 @@ Complexity, for N instructions, Q queues in use and A operand accesses:
   touches within a partition (on chip) or a tensor (HBM), intersected: O(E log E) in the elements E.
   Interleaved strided accesses have overlapping boxes but no common byte, so boxes alone would report
   false races.
-Measured: a 4-queue pipeline of 100k instructions verifies in about 3 s, two never-synchronized queues of
-20k instructions in about 1 s.
+Measured (2026-12-03, a 2-core EPYC VM): BERT-large at seq 512 as compiled (95k instructions, 20 queues,
+234k operands) verifies in 2.3 s, the race check about half of it; `benchmarks/bench_host.py
+--load-at-scale` measures it again.
 """
 from __future__ import annotations
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from trnc.isa.ap import AP, Engine, Mem
 from trnc.isa.dtypes import DType
-from trnc.isa.operand_table import build, operand_table
+from trnc.isa.operand_table import build, operand_table, row_ids
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
 
 DTYPES = (DType.FP32, DType.BF16, DType.FP8_E4M3)
@@ -87,3 +88,22 @@ def test_a_field_that_is_no_int64_integer_has_no_table(offset):
                                             src=ap),))
     with pytest.raises(TypeError):
         build(program.instructions)
+
+
+def _same_partition(ids, reference) -> bool:
+    return len(set(zip(ids.tolist(), reference.tolist()))) == len(set(ids.tolist())) == len(set(reference.tolist()))
+
+
+def test_row_ids_group_exactly_the_equal_rows():
+    rng = np.random.default_rng(3)
+    key = rng.integers(-3, 3, (5000, 6))
+    assert _same_partition(row_ids(key), np.unique(key, axis=0, return_inverse=True)[1].reshape(-1))
+
+
+def test_row_ids_tell_apart_two_rows_of_one_hash():
+    """(1, 0) and (2, (1*P) ^ (2*P)) collide in the hash (P: its multiplier): the exact sort must split them."""
+    p = 0x100000001B3
+    colliding = ((1 * p) ^ (2 * p)) % 2**64
+    key = np.array([[1, 0], [2, colliding], [1, 0]], dtype=np.uint64).view(np.int64)
+    ids = row_ids(key)
+    assert ids[0] == ids[2] != ids[1]
