@@ -3,7 +3,8 @@
 `load` does every piece of Python work once: it verifies the program (unless told it is verified), computes
 the reference's execution order (runtime/reference.py's rule: each time, the head of the first queue in
 QUEUE_ORDER whose waits are met), turns each instruction into a kernel signature and an argument block
-(instructions of one shape share the kernel, equal blocks are stored once), compiles or fetches each distinct
+(instructions of one shape share the kernel; operand places come from the program's operand table,
+isa/operand_table.py, which the verifier has usually built already), compiles or fetches each distinct
 kernel through runtime/jit/cache.py, and lays out the driver table. `JitProgram.run` then binds the memories
 and makes one native call to the driver, which runs every instruction in that order; with TRNC_THREADS above 1
 it runs the parallel driver instead (runtime/jit/parallel.py: the queues on that many threads, big
