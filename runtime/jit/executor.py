@@ -133,55 +133,83 @@ class _DriverTable:
 
 
 class _Layout:
-    """The driver steps of a sequence of instructions, from their operand table.
+    """The driver steps of a sequence of units (instructions or pieces of them), from their operand table.
 
-    Kernel and staging depend only on an instruction's shape (_operand_shapes: per operand its field, form and
-    which earlier operand it repeats; and the opcode's static fields), which many instructions share; per
-    instruction only a lookup and the argument words remain: each operand's place, a column of the table, and
-    the dynamic words.
+    Kernel and staging depend only on a unit's shape (_operand_shapes: per operand its field, form and which
+    earlier operand it repeats; and the opcode's static fields), which many units share: per unit, Python
+    looks up its shape and its dynamic words; the argument blocks (each operand's memory and place, a column
+    of the table, then the dynamic words) and the steps are laid out with numpy for all units at once.
     """
 
-    def __init__(self, jit: "JitProgram", instructions, table: OperandTable):
+    def __init__(self, jit: "JitProgram", units, table: OperandTable):
+        opcodes: dict[str, tuple] = {}   # opcode -> its lowering and the positions of its static fields
+        keys: dict[tuple, int] = {}
+        self.shapes: list[_Shape] = []
+        kind, dynamic = [], []
+        for unit, shape_id in zip(units, _operand_shapes(table, len(units)).tolist()):
+            found = opcodes.get(unit.opcode)
+            if found is None:
+                found = opcodes[unit.opcode] = _opcode(unit)
+            lowering, statics = found
+            args = unit.args
+            key = (unit.opcode, shape_id, *[args[k][1] for k in statics])
+            at = keys.get(key)
+            if at is None:
+                at = keys[key] = len(self.shapes)
+                self.shapes.append(jit._shape(unit, lowering, list(unit.operands())))
+            kind.append(at)
+            dynamic.append(lowering.dynamics(unit))
         hw, mem = jit.hw, table.mem
         partition_bytes = np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition, hw.psum_bytes_per_partition)
-        number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
-        place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
-        self.jit, self.instructions = jit, instructions
-        self.words = np.column_stack([number, place]).reshape(-1).tolist()   # per operand: memory, place
-        self.shape_ids = _operand_shapes(table, len(instructions)).tolist()
-        self.first = table.first.tolist()
-        self.shapes: dict[tuple, _Shape] = {}
-        self.opcodes: dict[str, tuple] = {}   # opcode -> its lowering and the positions of its static fields
+        self.number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
+        self.place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
+        self.first, self.kind, self.dynamic, self.stage_mem = table.first, np.array(kind, dtype=np.int64), dynamic, \
+            jit.stage_mem
 
-    def steps(self, i: int) -> list[tuple[int, list[int]]]:
-        """Instruction i's driver steps as (kernel address, argument words): staging copies (if any), then its
-        kernel."""
-        ins = self.instructions[i]
-        found = self.opcodes.get(ins.opcode)
-        if found is None:
-            found = self.opcodes[ins.opcode] = self._opcode(ins)
-        lowering, statics = found
-        args = ins.args
-        key = (ins.opcode, self.shape_ids[i], *[args[k][1] for k in statics])
-        shape = self.shapes.get(key)
-        if shape is None:
-            shape = self.shapes[key] = self.jit._shape(ins, lowering, list(ins.operands()))
-        words = self.words[2 * self.first[i]:2 * self.first[i + 1]]
-        steps = []
-        for slot, stage_at, _, address in shape.staging:
-            stage_mem = self.jit.stage_mem
-            steps.append((address, [stage_mem, stage_at, *words[2 * slot:2 * slot + 2]]))
-            words[2 * slot:2 * slot + 2] = stage_mem, stage_at
-        steps.append((shape.address, words + list(lowering.dynamics(ins))))
-        return steps
+    def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(kernel address, argument block offset in words) of each step, the blocks (int64 words), and the steps
+        of each unit: a staging copy per staged read of its shape, then its kernel."""
+        operands = np.diff(self.first)
+        dynamics = np.array([len(d) for d in self.dynamic], dtype=np.int64)
+        lengths = 2 * operands + dynamics
+        at = _starts(lengths)   # each unit's block
+        blocks = np.empty(int(lengths.sum()), dtype=np.int64)
+        rows = np.arange(len(self.number))
+        where = np.repeat(at - 2 * self.first[:-1], operands) + 2 * rows
+        blocks[where], blocks[where + 1] = self.number, self.place
+        blocks[np.repeat(at + 2 * operands - _starts(dynamics), dynamics) + np.arange(dynamics.sum())] = \
+            [w for d in self.dynamic for w in d]
+        staged = np.array([len(shape.staging) for shape in self.shapes], dtype=np.int64)[self.kind]
+        counts = staged + 1
+        first_step = _starts(counts)
+        address = np.empty(int(counts.sum()), dtype=np.uint64)
+        block_at = np.empty(len(address), dtype=np.int64)
+        main = first_step + staged
+        address[main] = np.array([shape.address for shape in self.shapes], dtype=np.uint64)[self.kind]
+        block_at[main] = at
+        copies: list[int] = []
+        for unit in np.flatnonzero(staged).tolist():   # rare: an in-place read of a repeated element
+            for k, (slot, stage_at, _, copy) in enumerate(self.shapes[self.kind[unit]].staging):
+                row, word = int(self.first[unit]) + slot, int(at[unit]) + 2 * slot
+                step = int(first_step[unit]) + k
+                address[step], block_at[step] = copy, len(blocks) + len(copies)
+                copies += (self.stage_mem, stage_at, int(self.number[row]), int(self.place[row]))
+                blocks[word:word + 2] = self.stage_mem, stage_at
+        return address.view(np.int64), block_at, np.concatenate([blocks, np.array(copies, dtype=np.int64)]), counts
 
-    @staticmethod
-    def _opcode(ins: Instruction) -> tuple:
-        lowering = LOWERINGS.get(ins.opcode)
-        if lowering is None:
-            raise TrncError(f"JIT: opcode {ins.opcode} is not lowered yet; use runtime.reference")
-        names = [name for name, _ in ins.args]
-        return lowering, tuple(names.index(f) for f in lowering.statics)
+
+def _opcode(unit: Instruction) -> tuple:
+    """An opcode's lowering and the positions of its static fields among the fields."""
+    lowering = LOWERINGS.get(unit.opcode)
+    if lowering is None:
+        raise TrncError(f"JIT: opcode {unit.opcode} is not lowered yet; use runtime.reference")
+    names = [name for name, _ in unit.args]
+    return lowering, tuple(names.index(f) for f in lowering.statics)
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Where each of consecutive runs of `lengths` starts."""
+    return np.cumsum(lengths) - lengths
 
 
 class JitProgram:
@@ -241,34 +269,27 @@ class JitProgram:
         """The driver table of the execution order, each instruction as up to `parts` pieces (runtime/jit/split.py;
         1: whole). All argument blocks lie in one int64 array."""
         instructions = self.program.instructions
-        whole = _Layout(self, instructions, self.table)
-        spans: dict[int, range] = {}   # instruction index -> its pieces' positions in `pieces`, when split
-        pieces: list[Instruction] = []
-        if parts > 1:
-            for index, ins in enumerate(instructions):
-                found = split.pieces(ins, parts)
-                if len(found) > 1:
-                    spans[index] = range(len(pieces), len(pieces) + len(found))
-                    pieces.extend(found)
-        split_up = _Layout(self, pieces, build(pieces)) if pieces else None
-        words: list[int] = []
-        kernel_col, block_col, owners, counts_col = [], [], [], []
-        for index in self.order:
-            span = spans.get(index)
-            counts = []
-            for found in [split_up.steps(k) for k in span] if span else (whole.steps(index),):
-                for address, block in found:
-                    kernel_col.append(address)
-                    block_col.append(len(words))
-                    words += block
+        if parts == 1:   # the program's own instructions and table, their steps then taken in execution order
+            units, table, sequence = instructions, self.table, np.array(self.order, dtype=np.int64)
+            owners, pieces = self.order, []
+        else:
+            units, owners, pieces = [], [], []
+            for index in self.order:
+                found = split.pieces(instructions[index], parts)
+                units.extend(found)
                 owners.extend([index] * len(found))
-                counts.append(len(found))
-            counts_col.append(tuple(counts))
-        blocks = np.array(words or [0], dtype=np.int64)
-        table = np.empty((len(kernel_col), 2), dtype=np.int64)
-        table[:, 0] = np.array(kernel_col, dtype=np.uint64).view(np.int64) if kernel_col else 0
-        table[:, 1] = blocks.ctypes.data + 8 * np.array(block_col, dtype=np.int64)
-        return _DriverTable(table, blocks, owners, counts_col)
+                pieces.append(len(found))
+            table, sequence = build(units), np.arange(len(units))
+        address, block_at, blocks, counts = _Layout(self, units, table).steps()
+        first = _starts(counts)[sequence]   # each unit's first step, the units in execution order
+        counts = counts[sequence]
+        steps = np.repeat(first - _starts(counts), counts) + np.arange(int(counts.sum()))
+        driver = np.empty((len(steps), 2), dtype=np.int64)
+        driver[:, 0] = address[steps]
+        driver[:, 1] = blocks.ctypes.data + 8 * block_at[steps]
+        per_unit = iter(counts.tolist())
+        pieces = [(c,) for c in per_unit] if parts == 1 else [tuple(next(per_unit) for _ in range(n)) for n in pieces]
+        return _DriverTable(driver, blocks, np.repeat(np.array(owners, dtype=np.int64), counts).tolist(), pieces)
 
     # -- run time -----------------------------------------------------------------------------------
 
