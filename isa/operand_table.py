@@ -73,9 +73,9 @@ class OperandTable:
     @cached_property
     def form(self) -> np.ndarray:
         """Per row, an id shared by exactly the rows whose APs are equal but for their place (start partition,
-        offset, tensor): mem, dtype, partitions, dims, and the partition stride of an HBM AP."""
+        offset, tensor): mem, dtype, partitions, dims and partition stride."""
         key = np.column_stack([self.mem, self.dtype, self.partitions, self.ndims, self.strides, self.counts,
-                               np.where(self.mem == Mem.HBM, self.pstride, 0)])
+                               self.pstride])
         return row_ids(key)
 
     @cached_property
@@ -83,6 +83,25 @@ class OperandTable:
         """Per row, an id shared by exactly the rows whose APs are equal (place included)."""
         return row_ids(np.column_stack([self.mem, self.dtype, self.partitions, self.start, self.offset, self.tensor,
                                         self.pstride, self.ndims, self.strides, self.counts]))
+
+    @cached_property
+    def instruction_forms(self) -> np.ndarray:
+        """Per instruction, an id shared by exactly the instructions whose operands agree in field, form and which
+        earlier operand of the instruction each is identical to (place included): with the opcode and its other
+        fields, what the verifier's rules but the place rules read, and what decides a JIT kernel."""
+        count, rows = len(self.first) - 1, len(self)
+        if not rows:
+            return np.zeros(count, dtype=np.int64)
+        by = np.lexsort((self.slot, self.ap_id, self.instr))   # equal operands of an instruction together, in order
+        starts = np.ones(rows, dtype=bool)
+        starts[1:] = (self.instr[by][1:] != self.instr[by][:-1]) | (self.ap_id[by][1:] != self.ap_id[by][:-1])
+        repeats = np.empty(rows, dtype=np.int64)
+        repeats[by] = self.slot[by][np.maximum.accumulate(np.where(starts, np.arange(rows), 0))]
+        width = int(self.slot.max()) + 1
+        code = (self.form * (int(self.field.max()) + 1) + self.field) * width + repeats
+        per_instruction = np.full((count, width), -1, dtype=np.int64)
+        per_instruction[self.instr, self.slot] = code
+        return row_ids(per_instruction)
 
 
 def row_ids(key: np.ndarray) -> np.ndarray:

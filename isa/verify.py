@@ -272,6 +272,20 @@ def _form_key(ins: Instruction) -> tuple:
                   for k, v in ins.args))
 
 
+def _operand_forms(program: Program) -> list[int] | None:
+    """Per instruction, the operand table's instruction form (None for a program without a table)."""
+    try:
+        return operand_table(program).instruction_forms.tolist()
+    except TypeError:
+        return None
+
+
+def _tabled_form_key(ins: Instruction, form: int) -> tuple:
+    """_form_key from the operand table: its instruction form (each AP operand's field and AP but for its place,
+    and which operands are identical) stands for the values of the AP fields, which are named like the others."""
+    return (ins.opcode, ins.engine, ins.queue, form, *[k if isinstance(v, AP) else (k, v) for k, v in ins.args])
+
+
 def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
     """The rules that read places, on an instruction whose form has passed every rule elsewhere."""
     for name, ap, write in ins.operands():
@@ -342,9 +356,10 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     passed: set[tuple] = set()
     later: list[int] = []
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
+        forms = _operand_forms(program)
         for i, ins in enumerate(program.instructions):
             try:
-                key = _form_key(ins)
+                key = _form_key(ins) if forms is None else _tabled_form_key(ins, forms[i])
                 seen = key in passed
             except (TypeError, AttributeError):   # unhashable or ill-typed fields: an ill-formed instruction
                 key, seen = None, False

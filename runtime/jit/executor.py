@@ -41,7 +41,7 @@ import numpy as np
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
-from trnc.isa.operand_table import OperandTable, build, operand_table, row_ids
+from trnc.isa.operand_table import OperandTable, build, operand_table
 from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
@@ -135,8 +135,8 @@ class _DriverTable:
 class _Layout:
     """The driver steps of a sequence of units (instructions or pieces of them), from their operand table.
 
-    Kernel and staging depend only on a unit's shape (_operand_shapes: per operand its field, form and which
-    earlier operand it repeats; and the opcode's static fields), which many units share: per unit, Python
+    Kernel and staging depend only on a unit's shape (the table's instruction_forms: per operand its field, form and
+    which earlier operand it repeats; and the opcode's static fields), which many units share: per unit, Python
     looks up its shape and its dynamic words; the argument blocks (each operand's memory and place, a column
     of the table, then the dynamic words) and the steps are laid out with numpy for all units at once.
     """
@@ -146,7 +146,7 @@ class _Layout:
         keys: dict[tuple, int] = {}
         self.shapes: list[_Shape] = []
         kind, dynamic = [], []
-        for unit, shape_id in zip(units, _operand_shapes(table, len(units)).tolist()):
+        for unit, shape_id in zip(units, table.instruction_forms.tolist()):
             found = opcodes.get(unit.opcode)
             if found is None:
                 found = opcodes[unit.opcode] = _opcode(unit)
@@ -428,25 +428,6 @@ def _contiguous(lay: Layout) -> Layout:
         dims.insert(0, (stride, count))
         stride *= count
     return Layout(lay.dtype, lay.partitions, stride, tuple(dims))
-
-
-def _operand_shapes(table: OperandTable, count: int) -> np.ndarray:
-    """Per instruction (of `count`), an id shared by exactly the instructions whose operands agree in field,
-    form (isa/operand_table.py: the AP but for its place) and which earlier operand of the instruction each
-    is identical to: with the opcode and its static fields, what decides the kernel."""
-    rows = len(table)
-    if not rows:
-        return np.zeros(count, dtype=np.int64)
-    by = np.lexsort((table.slot, table.ap_id, table.instr))   # equal operands of an instruction together, in order
-    starts = np.ones(rows, dtype=bool)
-    starts[1:] = (table.instr[by][1:] != table.instr[by][:-1]) | (table.ap_id[by][1:] != table.ap_id[by][:-1])
-    repeats = np.empty(rows, dtype=np.int64)
-    repeats[by] = table.slot[by][np.maximum.accumulate(np.where(starts, np.arange(rows), 0))]
-    width = int(table.slot.max()) + 1
-    code = (table.form * (int(table.field.max()) + 1) + table.field) * width + repeats
-    per_instruction = np.full((count, width), -1, dtype=np.int64)
-    per_instruction[table.instr, table.slot] = code
-    return row_ids(per_instruction)
 
 
 def _written_and_reached(table: OperandTable) -> tuple[set[int], dict[Mem, int]]:

@@ -62,7 +62,7 @@ def test_ids_group_exactly_the_equal_aps_and_those_equal_but_for_their_place():
     table = build(_program(rng, 400).instructions)
 
     def form(ap: AP):
-        return ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride if ap.mem is Mem.HBM else 0
+        return ap.mem, ap.dtype, ap.partitions, ap.dims, ap.partition_stride
 
     ids: dict = {}
     for row, ap in enumerate(table.aps):

@@ -4,6 +4,7 @@ misaligned, crossing a PSUM bank or partly overlapping, verified both ways."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -70,3 +71,24 @@ def test_the_table_path_reports_what_the_per_instruction_path_reports(seed, monk
     assert {"ap-bounds", "ap-form", "partition-align", "psum-bank", "overlap"} <= rules
     assert 100 < len(faulted) < 600 and len(suspects) == 1
     assert set(suspects[0].tolist()) <= set(range(len(program.instructions)))
+
+
+def test_a_field_beyond_the_table_is_refused_after_an_instruction_of_its_form_passed():
+    """An instruction of a form that passed, but with one field more (an AP), still sees every rule."""
+    rng = random.Random(5)
+    good = _instruction(rng)
+    while good.opcode != "tensor_tensor" or verifier.check(Program(TENSORS, (good,), TARGET)):
+        good = _instruction(rng)
+    extra = good.replace(args=(*good.args, ("extra", good["dst"])))
+    found = verifier.check(Program(TENSORS, (good, extra), TARGET))
+    assert [(v.index, v.rule) for v in found] == [(1, "fields")]
+
+
+def test_an_on_chip_partition_stride_is_refused_after_an_instruction_of_its_form_passed():
+    rng = random.Random(6)
+    good = _instruction(rng)
+    while good.opcode != "tensor_tensor" or verifier.check(Program(TENSORS, (good,), TARGET)):
+        good = _instruction(rng)
+    bad = good.replace(args=tuple((k, replace(v, partition_stride=5)) if k == "in1" else (k, v) for k, v in good.args))
+    found = verifier.check(Program(TENSORS, (good, bad), TARGET))
+    assert [(v.index, v.rule) for v in found] == [(1, "ap-form")]

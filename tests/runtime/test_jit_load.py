@@ -1,4 +1,4 @@
-"""The JIT loader's shape key (runtime/jit/executor.py _operand_shapes): instructions share a kernel exactly when
+"""The JIT loader's shape key (isa/operand_table.py instruction_forms): instructions share a kernel exactly when
 their opcode, static fields and, per present operand, field, AP but for its place and repeats of an earlier
 operand agree. A key that merged two shapes would run one instruction with another's kernel."""
 from __future__ import annotations
@@ -9,7 +9,6 @@ import pytest
 
 from trnc.isa import AP, AluOp, DType, Engine, Instruction, Mem
 from trnc.isa.operand_table import build
-from trnc.runtime.jit.executor import _operand_shapes
 
 F32, BF16 = DType.FP32, DType.BF16
 
@@ -51,7 +50,7 @@ def test_instructions_share_a_shape_exactly_when_their_defining_keys_agree(seed)
     rng = random.Random(seed)
     pool = _pool(rng)
     instructions = [_instruction(rng, pool) for _ in range(2000)]
-    ids = _operand_shapes(build(instructions), len(instructions)).tolist()
+    ids = build(instructions).instruction_forms.tolist()
     by_key: dict[tuple, set[int]] = {}
     by_id: dict[tuple, set[tuple]] = {}
     for ins, shape in zip(instructions, ids):
