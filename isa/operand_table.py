@@ -81,8 +81,7 @@ class OperandTable:
     @cached_property
     def ap_id(self) -> np.ndarray:
         """Per row, an id shared by exactly the rows whose APs are equal (place included)."""
-        return row_ids(np.column_stack([self.mem, self.dtype, self.partitions, self.start, self.offset, self.tensor,
-                                        self.pstride, self.ndims, self.strides, self.counts]))
+        return row_ids(np.column_stack([self.form, self.start, self.offset, self.tensor]))
 
     @cached_property
     def instruction_forms(self) -> np.ndarray:

@@ -318,18 +318,24 @@ def _candidates(acc: _Accesses, ordering: Ordering, qa: int, a: _Queue, b: _Queu
     Two enumerations find a superset: in time, the run of a's that b's clock has not seen and that rank
     before b; in space, the pairs where one byte range starts inside the other. Both are counted first
     (binary searches) and the shorter one is expanded, so neither a long unsynchronized stretch nor the
-    reuse of one buffer over time alone makes the work quadratic.
+    reuse of one buffer over time alone makes the work quadratic. The runs in time are counted first: none
+    (queues in lockstep) ends the search, and few are expanded without counting the other way.
     """
     clock = ordering.clock[b.instr, qa]   # of each b: how many a's happen before it
     t_lo, t_hi = np.searchsorted(a.pos, clock, side="left"), np.searchsorted(a.rank, b.rank, side="left")
-    # a starting in [blo_b, bhi_b), and b starting in (blo_a, bhi_a): every overlapping pair exactly once
-    # (searched for in sorted order, several times faster, then put back in queue order)
-    s1_lo = _in_order(np.searchsorted(a.sorted_lo, b.sorted_lo, "left"), b.by_lo)
-    s1_hi = _in_order(np.searchsorted(a.sorted_lo, b.sorted_hi, "left"), b.by_hi)
-    s2_lo = _in_order(np.searchsorted(b.sorted_lo, a.sorted_lo, "right"), a.by_lo)
-    s2_hi = _in_order(np.searchsorted(b.sorted_lo, a.sorted_hi, "left"), a.by_hi)
     in_time = np.maximum(t_hi - t_lo, 0).sum()
-    in_space = (s1_hi - s1_lo).sum() + (s2_hi - s2_lo).sum()
+    if not in_time:   # every a happens before every b it ranks before: nothing to pair
+        return
+    if in_time > len(a.ids) + len(b.ids):   # else expanding the runs costs no more than counting the other way
+        # a starting in [blo_b, bhi_b), and b starting in (blo_a, bhi_a): every overlapping pair exactly once
+        # (searched for in sorted order, several times faster, then put back in queue order)
+        s1_lo = _in_order(np.searchsorted(a.sorted_lo, b.sorted_lo, "left"), b.by_lo)
+        s1_hi = _in_order(np.searchsorted(a.sorted_lo, b.sorted_hi, "left"), b.by_hi)
+        s2_lo = _in_order(np.searchsorted(b.sorted_lo, a.sorted_lo, "right"), a.by_lo)
+        s2_hi = _in_order(np.searchsorted(b.sorted_lo, a.sorted_hi, "left"), a.by_hi)
+        in_space = (s1_hi - s1_lo).sum() + (s2_hi - s2_lo).sum()
+    else:
+        in_space = in_time
     # the filter, on positions i in a and j in b; the test most pairs of the runs fail goes first
     unordered, overlap, rest = (lambda i, j: (t_lo[j] <= i) & (i < t_hi[j]),   # and a ranked first
                                 lambda i, j: (a.blo[i] < b.bhi[j]) & (b.blo[j] < a.bhi[i]),
