@@ -163,8 +163,8 @@ class _Layout:
         partition_bytes = np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition, hw.psum_bytes_per_partition)
         self.number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
         self.place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
-        self.first, self.kind, self.dynamic, self.stage_mem = table.first, np.array(kind, dtype=np.int64), dynamic, \
-            jit.stage_mem
+        self.first, self.kind, self.dynamic = table.first, np.array(kind, dtype=np.int64), dynamic
+        self.stage_mem = jit.stage_mem
 
     def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(kernel address, argument block offset in words) of each step, the blocks (int64 words), and the steps
@@ -189,13 +189,14 @@ class _Layout:
         block_at[main] = at
         copies: list[int] = []
         for unit in np.flatnonzero(staged).tolist():   # rare: an in-place read of a repeated element
-            for k, (slot, stage_at, _, copy) in enumerate(self.shapes[self.kind[unit]].staging):
+            for k, (slot, stage_at, _, copy_address) in enumerate(self.shapes[self.kind[unit]].staging):
                 row, word = int(self.first[unit]) + slot, int(at[unit]) + 2 * slot
                 step = int(first_step[unit]) + k
-                address[step], block_at[step] = copy, len(blocks) + len(copies)
+                address[step], block_at[step] = copy_address, len(blocks) + len(copies)
                 copies += (self.stage_mem, stage_at, int(self.number[row]), int(self.place[row]))
                 blocks[word:word + 2] = self.stage_mem, stage_at
-        return address.view(np.int64), block_at, np.concatenate([blocks, np.array(copies, dtype=np.int64)]), counts
+        blocks = np.concatenate([blocks, np.array(copies or [0], dtype=np.int64)])   # never empty: the driver's base
+        return address.view(np.int64), block_at, blocks, counts
 
 
 def _opcode(unit: Instruction) -> tuple:
