@@ -142,8 +142,8 @@ def operand_table(program) -> OperandTable:
 def build(instructions) -> OperandTable:
     """The table of the operands of a sequence of instructions: one Python pass lists them, and each field of
     the distinct AP objects becomes a column by C-level iteration (operator.attrgetter into np.fromiter).
-    Decoded programs share one object per distinct AP (isa/decoding.py), and so do compiled ones (passes/tile/
-    emit.py), so each is read once."""
+    A decoded program shares one object per distinct AP (isa/decoding.py), so each is read once; a compiled one
+    has an object per operand."""
     rows: list[int] = []   # per operand: instruction, slot, field, write, index of its AP object in `distinct`
     aps: list[AP] = []
     first = [0]

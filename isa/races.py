@@ -208,7 +208,7 @@ def _accesses(program: Program, indices: list[int]) -> _Accesses:
     """The accesses of the instructions `indices` (sorted), as numpy over the rows of the program's operand table."""
     try:
         table = operand_table(program)
-    except (TypeError, ValueError, KeyError, AttributeError):   # an ill-formed instruction, not among `indices`
+    except TypeError:   # an ill-formed instruction (not among `indices`) leaves the program without a table
         return _accesses_per_ap(program, indices)
     chosen = np.zeros(len(program.instructions), dtype=bool)
     chosen[indices] = True
@@ -299,9 +299,10 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
     found: dict[tuple[int, int], Problem] = {}
     exact = _ExactTest(acc)
     for per_queue in groups.values():
+        writes = {q for q, accesses in per_queue.items() if accesses.write.any()}
         for qa, a in per_queue.items():
             for qb, b in per_queue.items():
-                if qa != qb and (a.write.any() or b.write.any()):   # reads alone never race
+                if qa != qb and (qa in writes or qb in writes):   # reads alone never race
                     for ga, gb in _candidates(acc, ordering, qa, a, b):
                         pair = (int(acc.instr[ga]), int(acc.instr[gb]))
                         if pair not in found:

@@ -272,10 +272,10 @@ def _form_key(ins: Instruction) -> tuple:
                   for k, v in ins.args))
 
 
-def _operand_forms(program: Program) -> list[int] | None:
-    """Per instruction, the operand table's instruction form (None for a program without a table)."""
+def _table(program: Program) -> OperandTable | None:
+    """The program's operand table; None when an ill-formed instruction leaves it without one."""
     try:
-        return operand_table(program).instruction_forms.tolist()
+        return operand_table(program)
     except TypeError:
         return None
 
@@ -298,7 +298,7 @@ def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
 def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.ndarray:
     """The instructions among `indices` (of forms that passed every rule) that _place_problems might fault: a
     superset, computed over the operand table at once; the others have no problem. Each test below is a
-    necessary condition of a rule of _place_problems failing (tests/isa/test_verify.py holds it to that)."""
+    necessary condition of a rule of _place_problems failing (tests/isa/test_verify_places.py holds it to that)."""
     hw, tensors = ctx.hw, ctx.program.tensors
     rows = np.flatnonzero(np.isin(table.instr, indices))
     mem, start, parts, offset, tensor = (c[rows] for c in (table.mem, table.start, table.partitions, table.offset,
@@ -356,7 +356,8 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     passed: set[tuple] = set()
     later: list[int] = []
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
-        forms = _operand_forms(program)
+        table = _table(program)
+        forms = None if table is None else table.instruction_forms.tolist()
         for i, ins in enumerate(program.instructions):
             try:
                 key = _form_key(ins) if forms is None else _tabled_form_key(ins, forms[i])
@@ -373,7 +374,7 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
             if ok:
                 sound.append(i)
         unsound = set()
-        for i in _recheck(ctx, later):
+        for i in _recheck(ctx, table, later):
             problems, ok = _instruction(ctx, program.instructions[i])
             found.extend(Violation(i, rule, msg) for rule, msg in problems)
             if not ok:
@@ -388,14 +389,12 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     return found
 
 
-def _recheck(ctx: Ctx, later: list[int]) -> list[int]:
+def _recheck(ctx: Ctx, table: OperandTable | None, later: list[int]) -> list[int]:
     """Those of `later` (instructions of forms that passed) that every rule must see again: the place rules'
     suspects over the operand table, or (a program without one) the instructions they fault on."""
     if not later:
         return []
-    try:
-        table = operand_table(ctx.program)
-    except TypeError:
+    if table is None:
         return [i for i in later if next(_place_problems(ctx, ctx.program.instructions[i]), None) is not None]
     return _place_suspects(ctx, table, np.array(later, dtype=np.int64)).tolist()
 
