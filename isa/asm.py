@@ -154,11 +154,12 @@ def format_instruction(instr: Instruction, program: Program | None = None) -> st
             text = f"?{value!r}"
         if text is not None and (field.kind is Kind.AP or text != _DEFAULT_TEXT[(spec.name, name)]):
             parts.append(f"{name}={text}")
-    if instr.waits:
-        parts.append("wait=" + ",".join(f"s{s}>={v}" for s, v in instr.waits))
-    if instr.signals:
-        parts.append("signal=" + ",".join(f"s{s}" for s in instr.signals))
-    return " ".join(parts)
+    try:
+        sync = ([f"wait={','.join(f's{s}>={v}' for s, v in instr.waits)}"] if instr.waits else []) + \
+            ([f"signal={','.join(f's{s}' for s in instr.signals)}"] if instr.signals else [])
+    except (TypeError, ValueError):   # waits that are not pairs, or not iterable (the verifier says so)
+        sync = [f"wait=?{instr.waits!r}", f"signal=?{instr.signals!r}"]
+    return " ".join(parts + sync)
 
 
 def format_program(program: Program) -> str:

@@ -41,10 +41,11 @@ import numpy as np
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import SEMAPHORES
 from trnc.isa.operand_table import OperandTable, operand_table
+from trnc.isa import native
 from trnc.isa.program import Program
+from trnc.isa.sync_table import SyncTable, sync_table
 
 EXACT_LIMIT = 1 << 24     # addresses enumerated per access by the exact test; beyond it boxes decide
-PAIR_CHUNK = 1 << 20      # candidate pairs expanded at once (bounds the memory of the sweep)
 
 Problem = tuple[int, str, str]   # (instruction index, rule id, message)
 
@@ -66,91 +67,97 @@ class Ordering:
 
 def order(program: Program) -> tuple[Ordering | None, list[Problem]]:
     """The happens-before order, or None with the semaphore and deadlock problems that prevent it."""
-    instrs = program.instructions
-    n = len(instrs)
-    names: dict[str, int] = {}
-    ids: dict[tuple, int] = {}   # (engine, queue) -> queue id, by the queue's name (compute engines ignore queue)
-    queues, positions, prev = [0] * n, [0] * n, [-1] * n
-    last: list[int] = []
-    for i, ins in enumerate(instrs):
-        q = ids.get((ins.engine, ins.queue))
-        if q is None:
-            q = ids[ins.engine, ins.queue] = names.setdefault(ins.queue_name, len(names))
-            if q == len(last):
-                last.append(-1)
-        p = last[q]
-        queues[i], prev[i], last[q] = q, p, i
-        if p >= 0:
-            positions[i] = positions[p] + 1
-    queue, pos = np.array(queues, dtype=np.int64), np.array(positions, dtype=np.int64)
-    queue_names = tuple(names)
-    events, problems = _signal_events(program, queue, queue_names)
-    waits: list[list[int]] = [[] for _ in range(n)]
-    for i, ins in enumerate(instrs):
-        for s, v in ins.waits:
-            if not 0 <= s < SEMAPHORES:
-                problems.append((i, "semaphore", f"waits on semaphore {s}; semaphores are 0..{SEMAPHORES - 1}"))
-            elif v < 1:
-                problems.append((i, "semaphore", f"waits for semaphore {s} >= {v}; a wait value is at least 1"))
-            elif v > len(events.get(s, ())):
-                msg = (f"waits for semaphore {s} >= {v}, but {len(events.get(s, ()))} instruction(s) signal it: "
-                       "it would wait forever")
-                problems.append((i, "deadlock", msg))
-            else:
-                waits[i].append(events[s][v - 1])
+    sync = sync_table(program)
+    n, queue = len(sync.queue), sync.queue
+    by_queue = np.argsort(queue, kind="stable")
+    group_start = np.flatnonzero(np.r_[True, queue[by_queue][1:] != queue[by_queue][:-1]]) if n else by_queue
+    first_of_group = np.repeat(group_start, np.diff(np.r_[group_start, n]))
+    pos, prev = np.empty(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    pos[by_queue] = np.arange(n) - first_of_group
+    prev[by_queue[1:]] = np.where(pos[by_queue[1:]] > 0, by_queue[:-1], -1)
+    events, event_start, problems = _signal_events(sync)
+    source, wait_problems = _wait_sources(sync, events, event_start)
+    problems += wait_problems
     if problems:
         return None, problems
-    topo = _topological(prev, waits)
+    waiting = sync.wait_instr
+    topo = np.arange(n) if np.all(source < waiting) else _topological(prev, waiting, source)
     if len(topo) < n:
-        return None, [_cycle(prev, waits, set(range(n)) - set(topo), queue, queue_names)]
-    clock = np.zeros((n, len(queue_names)), dtype=np.int64)
+        stuck = np.ones(n, dtype=bool)
+        stuck[topo] = False
+        return None, [_cycle(prev, waiting, source, stuck, queue, sync.names)]
     rank = np.empty(n, dtype=np.int64)
-    for r, i in enumerate(topo):
-        rank[i] = r
-        row = clock[i]
-        if prev[i] >= 0:
-            row[:] = clock[prev[i]]
-        for p in waits[i]:
-            np.maximum(row, clock[p], out=row)
-        row[queue[i]] = pos[i] + 1
-    return Ordering(queue_names, queue, pos, rank, clock), []
+    rank[topo] = np.arange(n)
+    clock = native.clocks(topo, prev, sync.wait_first, source, queue, pos, len(sync.names))
+    return Ordering(sync.names, queue, pos, rank, clock), []
 
 
-def _signal_events(program: Program, queue: np.ndarray, queue_names: tuple[str, ...]):
-    """Per semaphore, its signalling instructions in order (one entry per increment), and the problems."""
-    events: dict[int, list[int]] = {}
-    owner: dict[int, int] = {}
+def _signal_events(sync: SyncTable) -> tuple[np.ndarray, np.ndarray, list[Problem]]:
+    """Every semaphore's signalling instructions in order, one entry per increment (semaphore s's are
+    events[event_start[s]:event_start[s + 1]]), and the problems: a semaphore out of range, or signalled from
+    a second queue (once per semaphore and queue)."""
+    sem, instr = sync.signal_semaphore, sync.signal_instr
+    in_range = (0 <= sem) & (sem < SEMAPHORES)
+    owner = np.full(SEMAPHORES, -1, dtype=np.int64)
+    first_event = np.full(SEMAPHORES, -1, dtype=np.int64)
+    ok = np.flatnonzero(in_range)
+    used, first = np.unique(sem[ok], return_index=True)   # the first signal of a semaphore decides its queue
+    owner[used], first_event[used] = sync.queue[instr[ok][first]], instr[ok][first]
+    accepted = in_range & (owner[np.where(in_range, sem, 0)] == sync.queue[instr])
     problems: list[Problem] = []
     reported: set[tuple[int, int]] = set()
-    for i, ins in enumerate(program.instructions):
-        for s in ins.signals:
-            if not 0 <= s < SEMAPHORES:
-                problems.append((i, "semaphore", f"signals semaphore {s}; semaphores are 0..{SEMAPHORES - 1}"))
-                continue
-            q = int(queue[i])
-            first = owner.setdefault(s, q)
-            if first != q:
-                if (s, q) not in reported:
-                    reported.add((s, q))
-                    msg = (f"signals semaphore {s} from {queue_names[q]}, but instruction {events[s][0]} signals it "
-                           f"from {queue_names[first]}; a semaphore is signalled from one queue only")
-                    problems.append((i, "semaphore", msg))
-                continue
-            events.setdefault(s, []).append(i)
-    return events, problems
+    for k in np.flatnonzero(~accepted).tolist():
+        i, s = int(instr[k]), int(sem[k])
+        if not in_range[k]:
+            problems.append((i, "semaphore", f"signals semaphore {s}; semaphores are 0..{SEMAPHORES - 1}"))
+            continue
+        q = int(sync.queue[i])
+        if (s, q) not in reported:
+            reported.add((s, q))
+            msg = (f"signals semaphore {s} from {sync.names[q]}, but instruction {first_event[s]} signals it "
+                   f"from {sync.names[owner[s]]}; a semaphore is signalled from one queue only")
+            problems.append((i, "semaphore", msg))
+    order = np.flatnonzero(accepted)
+    order = order[np.argsort(sem[order], kind="stable")]
+    event_start = np.zeros(SEMAPHORES + 1, dtype=np.int64)
+    np.cumsum(np.bincount(sem[order], minlength=SEMAPHORES), out=event_start[1:])
+    return instr[order], event_start, problems
 
 
-def _topological(prev: list[int], waits: list[list[int]]) -> list[int]:
-    """A topological order of the graph, lowest index first among the ready; shorter when there is a cycle."""
+def _wait_sources(sync: SyncTable, events: np.ndarray, event_start: np.ndarray) -> tuple[np.ndarray, list[Problem]]:
+    """Per wait (s, v), the instruction it follows: the v-th signal of s; and the problems of the waits that have
+    none (a semaphore out of range, a value below 1, or more than the signals of s: it would wait forever)."""
+    sem, value = sync.wait_semaphore, sync.wait_value
+    in_range = (0 <= sem) & (sem < SEMAPHORES)
+    signals = np.diff(event_start)[np.where(in_range, sem, 0)]
+    good = in_range & (value >= 1) & (value <= signals)
+    source = events[np.where(good, event_start[np.where(in_range, sem, 0)] + value - 1, 0)] if len(events) else \
+        np.zeros(len(sem), dtype=np.int64)
+    problems: list[Problem] = []
+    waiting = sync.wait_instr
+    for k in np.flatnonzero(~good).tolist():
+        i, s, v = int(waiting[k]), int(sem[k]), int(value[k])
+        if not in_range[k]:
+            problems.append((i, "semaphore", f"waits on semaphore {s}; semaphores are 0..{SEMAPHORES - 1}"))
+        elif v < 1:
+            problems.append((i, "semaphore", f"waits for semaphore {s} >= {v}; a wait value is at least 1"))
+        else:
+            msg = (f"waits for semaphore {s} >= {v}, but {signals[k]} instruction(s) signal it: "
+                   "it would wait forever")
+            problems.append((i, "deadlock", msg))
+    return source, problems
+
+
+def _topological(prev: np.ndarray, waiting: np.ndarray, source: np.ndarray) -> np.ndarray:
+    """A topological order of the graph (queue order, and wait k of instruction waiting[k] after source[k]),
+    lowest index first among the ready; shorter when there is a cycle."""
     n = len(prev)
-    if all(p < i for i in range(n) for p in waits[i]):
-        return list(range(n))
     succ: list[list[int]] = [[] for _ in range(n)]
     indeg = [0] * n
-    for i in range(n):
-        for p in ([prev[i]] if prev[i] >= 0 else []) + waits[i]:
-            succ[p].append(i)
-            indeg[i] += 1
+    for i, p in zip([*waiting.tolist(), *np.flatnonzero(prev >= 0).tolist()],
+                    [*source.tolist(), *prev[prev >= 0].tolist()]):
+        succ[p].append(i)
+        indeg[i] += 1
     ready = [i for i in range(n) if indeg[i] == 0]
     heapq.heapify(ready)
     topo = []
@@ -161,16 +168,20 @@ def _topological(prev: list[int], waits: list[list[int]]) -> list[int]:
             indeg[j] -= 1
             if indeg[j] == 0:
                 heapq.heappush(ready, j)
-    return topo
+    return np.array(topo, dtype=np.int64)
 
 
-def _cycle(prev, waits, stuck: set[int], queue, queue_names) -> Problem:
-    """One cycle among the instructions that can never start: each of them waits on another of them."""
-    node, path, seen = min(stuck), [], {}
+def _cycle(prev: np.ndarray, waiting: np.ndarray, source: np.ndarray, stuck: np.ndarray, queue: np.ndarray,
+           queue_names: tuple[str, ...]) -> Problem:
+    """One cycle among the instructions that can never start (`stuck`): each of them waits on another of them."""
+    before: dict[int, list[int]] = {}
+    for i, p in zip(waiting.tolist(), source.tolist()):
+        before.setdefault(i, []).append(p)
+    node, path, seen = int(np.flatnonzero(stuck)[0]), [], {}
     while node not in seen:
         seen[node] = len(path)
         path.append(node)
-        node = next(p for p in [prev[node], *waits[node]] if p in stuck)
+        node = next(p for p in [int(prev[node]), *before.get(node, ())] if p >= 0 and stuck[p])
     cycle = path[seen[node]:][::-1]
     first = cycle.index(min(cycle))
     cycle = cycle[first:] + cycle[:first]
@@ -278,7 +289,8 @@ class _Queue:
     def of(cls, acc: _Accesses, ordering: Ordering, ids: np.ndarray) -> _Queue:
         instr, blo, bhi = acc.instr[ids], acc.blo[ids], acc.bhi[ids]
         by_lo, by_hi = np.argsort(blo, kind="stable"), np.argsort(bhi)
-        return cls(ids, instr, ordering.pos[instr], ordering.rank[instr], acc.write[ids], acc.plo[ids], acc.phi[ids],
+        return cls(ids, instr, ordering.pos[instr], ordering.rank[instr], acc.write[ids].astype(np.int64),
+                   acc.plo[ids], acc.phi[ids],
                    blo, bhi, by_lo, by_hi, blo[by_lo], bhi[by_hi])
 
 
@@ -323,40 +335,32 @@ def _candidates(acc: _Accesses, ordering: Ordering, qa: int, a: _Queue, b: _Queu
     (queues in lockstep) ends the search, and few are expanded without counting the other way.
     """
     clock = ordering.clock[b.instr, qa]   # of each b: how many a's happen before it
-    t_lo, t_hi = np.searchsorted(a.pos, clock, side="left"), np.searchsorted(a.rank, b.rank, side="left")
+    t_lo, t_hi = native.search(a.pos, clock), native.search(a.rank, b.rank)
     in_time = np.maximum(t_hi - t_lo, 0).sum()
     if not in_time:   # every a happens before every b it ranks before: nothing to pair
         return
     if in_time > len(a.ids) + len(b.ids):   # else expanding the runs costs no more than counting the other way
         # a starting in [blo_b, bhi_b), and b starting in (blo_a, bhi_a): every overlapping pair exactly once
         # (searched for in sorted order, several times faster, then put back in queue order)
-        s1_lo = _in_order(np.searchsorted(a.sorted_lo, b.sorted_lo, "left"), b.by_lo)
-        s1_hi = _in_order(np.searchsorted(a.sorted_lo, b.sorted_hi, "left"), b.by_hi)
-        s2_lo = _in_order(np.searchsorted(b.sorted_lo, a.sorted_lo, "right"), a.by_lo)
-        s2_hi = _in_order(np.searchsorted(b.sorted_lo, a.sorted_hi, "left"), a.by_hi)
+        s1_lo = _in_order(native.search(a.sorted_lo, b.sorted_lo), b.by_lo)
+        s1_hi = _in_order(native.search(a.sorted_lo, b.sorted_hi), b.by_hi)
+        s2_lo = _in_order(native.search(b.sorted_lo, a.sorted_lo, "right"), a.by_lo)
+        s2_hi = _in_order(native.search(b.sorted_lo, a.sorted_hi), a.by_hi)
         in_space = (s1_hi - s1_lo).sum() + (s2_hi - s2_lo).sum()
     else:
         in_space = in_time
-    # the filter, on positions i in a and j in b; the test most pairs of the runs fail goes first
-    unordered, overlap, rest = (lambda i, j: (t_lo[j] <= i) & (i < t_hi[j]),   # and a ranked first
-                                lambda i, j: (a.blo[i] < b.bhi[j]) & (b.blo[j] < a.bhi[i]),
-                                lambda i, j: (a.plo[i] < b.phi[j]) & (b.plo[j] < a.phi[i]) & (a.write[i] | b.write[j]))
-    if in_time <= in_space:   # runs of (owner, position) as pairs (i, j)
-        runs = [(t_lo, t_hi, lambda owner, at: (at, owner))]
-        tests = (overlap, unordered, rest)
-    else:
-        runs = [(s1_lo, s1_hi, lambda owner, at: (a.by_lo[at], owner)),
-                (s2_lo, s2_hi, lambda owner, at: (owner, b.by_lo[at]))]
-        tests = (unordered, overlap, rest)
-    for lo, hi, pairs in runs:
-        for owner, at in _expand(lo, np.maximum(hi - lo, 0)):
-            ia, ib = pairs(owner, at)
-            for test in tests:
-                keep = test(ia, ib)
-                ia, ib = ia[keep], ib[keep]
-            ga, gb = a.ids[ia], b.ids[ib]
-            meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
-            yield from zip(ga[meet].tolist(), gb[meet].tolist(), strict=True)
+    columns = {"t_lo": t_lo, "t_hi": t_hi, **{f"{side}_{name}": getattr(queue, name)
+                                              for side, queue in (("a", a), ("b", b))
+                                              for name in ("blo", "bhi", "plo", "phi", "write")}}
+    if in_time <= in_space:   # runs over a's positions, one per b
+        runs = [(t_lo, np.maximum(t_hi, t_lo), None, False)]
+    else:   # runs over a in byte order per b, and over b in byte order per a
+        runs = [(s1_lo, s1_hi, a.by_lo, False), (s2_lo, s2_hi, b.by_lo, True)]
+    for lo, hi, perm, flip in runs:
+        ia, ib = native.scan(lo, hi, perm, flip, columns, (len(a.ids), len(b.ids)))
+        ga, gb = a.ids[ia], b.ids[ib]
+        meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
+        yield from zip(ga[meet].tolist(), gb[meet].tolist(), strict=True)
 
 
 def _in_order(found: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -364,20 +368,6 @@ def _in_order(found: np.ndarray, order: np.ndarray) -> np.ndarray:
     out = np.empty_like(found)
     out[order] = found
     return out
-
-
-def _expand(starts: np.ndarray, counts: np.ndarray):
-    """(owner, position) arrays for every owner k and position in [starts[k], starts[k] + counts[k]), in chunks
-    of about PAIR_CHUNK pairs."""
-    total = np.cumsum(counts)
-    if not total.size or not total[-1]:
-        return
-    cuts = np.searchsorted(total, np.arange(PAIR_CHUNK, total[-1], PAIR_CHUNK), side="left") + 1
-    for chunk in np.split(np.arange(len(counts)), cuts):
-        c = counts[chunk]
-        n = int(c.sum())
-        if n:
-            yield np.repeat(chunk, c), np.repeat(starts[chunk] - (np.cumsum(c) - c), c) + np.arange(n)
 
 
 def byte_addresses(ap: AP) -> np.ndarray | None:

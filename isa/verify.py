@@ -109,11 +109,27 @@ def _engine(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
 
 
 def _queue(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
-    if ins.engine is Engine.DMA:
+    if not _integer(ins.queue):
+        yield "queue", f"queue {ins.queue!r} is not an integer"
+    elif ins.engine is Engine.DMA:
         if not 0 <= ins.queue < DMA_QUEUES:
             yield "queue", f"DMA queue {ins.queue} is outside [0, {DMA_QUEUES})"
     elif ins.queue != 0:
         yield "queue", f"queue {ins.queue} on {ins.engine.text}: compute engines have one queue, number 0"
+
+
+def _integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _sync_problems(ins: Instruction) -> Iterator[Problem]:
+    """The waits are (semaphore, value) pairs of integers and the signals integers: what the ordering rules
+    read (isa/sync_table.py); checked on every instruction only when the program's sync table fails."""
+    if not isinstance(ins.waits, (tuple, list)) or not all(
+            isinstance(w, (tuple, list)) and len(w) == 2 and all(map(_integer, w)) for w in ins.waits):
+        yield "semaphore", f"waits {ins.waits!r} are not (semaphore, value) pairs of integers"
+    if not isinstance(ins.signals, (tuple, list)) or not all(map(_integer, ins.signals)):
+        yield "semaphore", f"signals {ins.signals!r} are not semaphore numbers (integers)"
 
 
 spec_instruction: tuple[Callable[[Ctx, Instruction], Iterator[Problem]], ...] = (_engine, _queue)
@@ -380,7 +396,11 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
             if not ok:
                 unsound.add(i)
         sound = sorted([*sound, *(i for i in later if i not in unsound)])
-        ordering, problems = races.order(program)
+        try:
+            ordering, problems = races.order(program)
+        except TypeError:   # a wait, signal, engine or queue that is not an integer; engines and queues are above
+            ordering, problems = None, [(i, *p) for i, ins in enumerate(program.instructions)
+                                        for p in _sync_problems(ins)]
         found.extend(Violation(*p) for p in problems)
         if ordering is not None:
             describe = partial(assembly, program)

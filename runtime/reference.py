@@ -11,7 +11,6 @@ The host is assumed little-endian, like HBM (numpy views of the raw bytes give t
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Mapping
 
 import ml_dtypes
@@ -19,8 +18,10 @@ import numpy as np
 
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, QUEUES, Mem
-from trnc.isa.config import HwConfig, get_target
+from trnc.isa import native
+from trnc.isa.config import SEMAPHORES, HwConfig, get_target
 from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
+from trnc.isa.sync_table import sync_table
 from trnc.isa.verify import verify
 from trnc.runtime.reference_ops import SEMANTICS
 
@@ -173,54 +174,35 @@ def run(program: Program, inputs: Mapping[str, object], *, hw: HwConfig | None =
 def execution_order(program: Program) -> list[int]:
     """Instruction indices in the order `run` executes them: the one execution order of the runtimes.
 
-    The reference starts, each time, the head of the first queue in QUEUE_ORDER whose waits are met. A
-    head that is not ready is parked on one unmet semaphore and looked at again only when that semaphore
-    is signalled, so the cost is about constant per instruction instead of per queue.
+    The reference starts, each time, the head of the first queue in QUEUE_ORDER whose waits are met, and counts
+    its signals. The loop is isa/native.py's (a few integer operations per queue looked at), over the program's
+    sync table.
     """
-    queue_of = {name: q for q, name in enumerate(QUEUE_ORDER)}
-    ids: dict[tuple, int | None] = {}   # (engine, queue) -> position in QUEUE_ORDER, by the queue's name
-    queues: list[deque[int]] = [deque() for _ in QUEUE_ORDER]
-    for index, ins in enumerate(program.instructions):
-        q = ids.get((ins.engine, ins.queue), -1)
-        if q == -1:
-            q = ids[ins.engine, ins.queue] = queue_of.get(ins.queue_name)
-        if q is None:
-            raise TrncError(f"instruction {index} ({ins.opcode}) is on queue '{ins.queue_name}'; queues are "
-                            f"{', '.join(QUEUE_ORDER)}")
-        queues[q].append(index)
-    counts = [0] * program.num_semaphores
-    parked: list[list[int]] = [[] for _ in counts]
-    ready = [False] * len(queues)
-    instructions = program.instructions
-
-    def look(q: int) -> None:
-        if not queues[q]:
-            return
-        for s, v in instructions[queues[q][0]].waits:
-            if counts[s] < v:
-                parked[s].append(q)
-                return
-        ready[q] = True
-
-    for q in range(len(queues)):
-        look(q)
-    order: list[int] = []
-    for _ in range(len(instructions)):
-        try:
-            q = ready.index(True)
-        except ValueError:
-            raise ExecutionError("deadlock: no queue can start its next instruction; "
-                                 + "; ".join(_blocked(program, qu[0], counts) for qu in queues if qu)) from None
-        index = queues[q].popleft()
-        order.append(index)
-        ready[q] = False
-        for s in instructions[index].signals:
-            counts[s] += 1
-            if parked[s]:
-                woken, parked[s] = parked[s], []
-                for other in woken:
-                    look(other)
-        look(q)
+    sync = sync_table(program)
+    unknown = [name for name in sync.names if name not in QUEUE_ORDER]
+    if unknown:
+        index = int(np.flatnonzero(sync.queue == sync.names.index(unknown[0]))[0])
+        ins = program.instructions[index]
+        raise TrncError(f"instruction {index} ({ins.opcode}) is on queue '{ins.queue_name}'; queues are "
+                        f"{', '.join(QUEUE_ORDER)}")
+    semaphores = np.concatenate([sync.wait_semaphore, sync.signal_semaphore])
+    if semaphores.size and semaphores.min() < 0:
+        raise TrncError(f"a semaphore number is negative ({semaphores.min()}); semaphores are 0..{SEMAPHORES - 1}")
+    by_queue = np.argsort(sync.queue, kind="stable")
+    cuts = np.searchsorted(sync.queue[by_queue], np.arange(len(sync.names) + 1))
+    members = {name: by_queue[cuts[k]:cuts[k + 1]] for k, name in enumerate(sync.names)}
+    empty = np.zeros(0, dtype=np.int64)
+    order = native.execution_order([members.get(name, empty) for name in QUEUE_ORDER], sync.wait_first,
+                                   sync.wait_semaphore, sync.wait_value, sync.signal_first, sync.signal_semaphore,
+                                   int(semaphores.max(initial=-1)) + 1).tolist()
+    if len(order) < len(sync.queue):
+        signalled = [sync.signal_semaphore[sync.signal_first[i]:sync.signal_first[i + 1]] for i in order]
+        counts = np.bincount(np.concatenate([empty, *signalled]), minlength=int(semaphores.max()) + 1)
+        started = set(order)
+        heads = [next((int(i) for i in members.get(name, empty) if int(i) not in started), None)
+                 for name in QUEUE_ORDER]
+        raise ExecutionError("deadlock: no queue can start its next instruction; "
+                             + "; ".join(_blocked(program, i, counts) for i in heads if i is not None))
     return order
 
 

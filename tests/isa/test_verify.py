@@ -401,6 +401,19 @@ def test_deadlock_waiting_on_own_signal():
     expect(program(memset(Engine.DVE, 0, waits=[(0, 1)], signals=[0])), "deadlock", 0, "0 (dve) -> 0 (dve)")
 
 
+@pytest.mark.parametrize("change,rule,words", [
+    ({"waits": ((1,),)}, "semaphore", ["waits ((1,),) are not (semaphore, value) pairs of integers"]),
+    ({"waits": ((1.5, 2),)}, "semaphore", ["waits ((1.5, 2),)"]),
+    ({"signals": ("a",)}, "semaphore", ["signals ('a',) are not semaphore numbers"]),
+    ({"signals": (True,)}, "semaphore", ["signals (True,)"]),
+    ({"queue": "0"}, "queue", ["queue '0' is not an integer"]),
+])
+def test_ill_typed_sync_fields_are_reported_not_raised(change, rule, words):
+    """Also on an instruction of a form that already passed (the form key leaves waits and signals out)."""
+    p = program(memset(Engine.DVE, 0), memset(Engine.DVE, 16).replace(**change))
+    expect(p, rule, 1, *words)
+
+
 def test_race_reports_both_instructions_and_memory():
     p = program(memset(Engine.DVE, 0), memset(Engine.POOL, 8))       # bytes [0, 16) and [8, 24) of partitions 0-31
     expect(p, "race", 1, "dst on pool writes sbuf partitions [0, 32) bytes [8, 16) (8 in common)",

@@ -218,6 +218,28 @@ def test_unsatisfiable_waits_are_a_deadlock_naming_the_blocked_instructions():
         run(program, {}, verified=True)
 
 
+def test_a_deadlock_after_some_instructions_counts_the_signals_they_gave():
+    sb = onchip(DType.FP32, (2, 2))
+    program = Program((), (
+        Instruction.make("memset", Engine.DVE, dst=sb, value=1.0, signals=(2,)),
+        Instruction.make("memset", Engine.POOL, dst=sb, value=2.0, waits=((2, 2),)),
+        Instruction.make("memset", Engine.DVE, dst=sb, value=3.0, waits=((3, 1),)),
+    ))
+    with pytest.raises(ExecutionError, match=r"instruction 2 \(memset on dve\) waits for sem 3 >= 1 \(count 0\); "
+                                             r"instruction 1 \(memset on pool\) waits for sem 2 >= 2 \(count 1\)"):
+        run(program, {}, verified=True)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"queue": 16}, "is on queue 'dma16'; queues are pe, act"),
+    ({"signals": (-1,)}, "semaphore number is negative"),
+])
+def test_an_unverified_program_off_the_machine_is_refused_by_name(change, words):
+    ins = Instruction.make("dma_copy", Engine.DMA, dst=onchip(DType.FP32, (2, 2)), src=onchip(DType.FP32, (2, 2), offset=64))
+    with pytest.raises(TrncError, match=words):
+        run(Program((), (ins.replace(**change),)), {}, verified=True)
+
+
 # -- run: faults ----------------------------------------------------------------------------------
 
 def gather_program(rows, cols, parts):

@@ -1,0 +1,93 @@
+"""The sync table of a program: each instruction's queue and its semaphore waits and signals as int64 columns.
+
+What the ordering rules read (isa/races.py's happens-before order) and what decides the runtimes' execution
+order (runtime/reference.py), taken from the instructions in one pass and kept with the program while it
+lives, as isa/operand_table.py keeps the operands. Waits and signals are flattened in program order (and each
+instruction's own order), with row starts per instruction.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+
+from trnc.isa.ap import Engine, queue_name
+from trnc.isa.decoding import no_gc
+from trnc.isa.program import Program
+
+
+@dataclass(frozen=True)
+class SyncTable:
+    """`wait_*[wait_first[i]:wait_first[i + 1]]` are instruction i's waits, likewise its signals."""
+
+    queue: np.ndarray          # queue id per instruction: names[queue[i]] is its queue's name
+    names: tuple[str, ...]     # queue names in order of first use
+    wait_first: np.ndarray
+    wait_semaphore: np.ndarray
+    wait_value: np.ndarray
+    signal_first: np.ndarray
+    signal_semaphore: np.ndarray
+
+    @property
+    def wait_instr(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.queue)), np.diff(self.wait_first))
+
+    @property
+    def signal_instr(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.queue)), np.diff(self.signal_first))
+
+
+_tables: dict[int, tuple[weakref.ref, SyncTable]] = {}   # by id(program), dropped when the program dies
+
+
+def sync_table(program: Program) -> SyncTable:
+    """The program's sync table, built on first use; TypeError when a wait, signal, engine or queue is not an
+    integer (a wait not a pair)."""
+    key = id(program)
+    entry = _tables.get(key)
+    if entry is not None and entry[0]() is program:
+        return entry[1]
+    with no_gc():
+        table = _build(program.instructions)
+    _tables[key] = (weakref.ref(program, lambda _, key=key: _tables.pop(key, None)), table)
+    return table
+
+
+def _build(instructions) -> SyncTable:
+    engines, queues, waits, signals = zip(*map(attrgetter("engine", "queue", "waits", "signals"), instructions)) \
+        if len(instructions) else ((), (), (), ())
+    if not set(map(type, engines)) <= {Engine}:
+        raise TypeError("an instruction's engine is not an Engine")
+    engine = _ints(engines)
+    queue_values, queue = np.unique(_ints(queues), return_inverse=True)
+    pairs, first, inverse = np.unique(queue.reshape(-1) * len(Engine) + engine, return_index=True,
+                                      return_inverse=True)
+    # queue names (a compute engine's ignores the queue field) numbered in order of first use
+    pair_names = [queue_name(Engine(int(p % len(Engine))), int(queue_values[p // len(Engine)])) for p in pairs]
+    name_first: dict[str, int] = {}
+    for name, at in zip(pair_names, first.tolist()):
+        name_first[name] = min(at, name_first.get(name, at))
+    names = tuple(sorted(name_first, key=name_first.get))
+    pair_queue = np.array([names.index(name) for name in pair_names], dtype=np.int64)
+    wait_counts = _ints(map(len, waits))
+    flat = _ints(chain.from_iterable(chain.from_iterable(waits)))
+    if len(flat) != 2 * wait_counts.sum():
+        raise TypeError("a wait is not a (semaphore, value) pair")
+    return SyncTable(pair_queue[inverse.reshape(-1)], names, _first(wait_counts), flat[0::2], flat[1::2],
+                     _first(_ints(map(len, signals))), _ints(chain.from_iterable(signals)))
+
+
+def _first(counts: np.ndarray) -> np.ndarray:
+    first = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    return first
+
+
+def _ints(values) -> np.ndarray:
+    values = values if isinstance(values, (list, tuple)) else list(values)
+    if any(t is bool or not issubclass(t, (int, np.integer)) for t in set(map(type, values))):
+        raise TypeError("a queue, wait or signal is not an integer")
+    return np.array(values, dtype=np.int64).reshape(-1)
