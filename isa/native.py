@@ -129,74 +129,127 @@ def _order_ir(module: ir.Module) -> None:
     b.ret(b.load(placed))
 
 
-def _search_ir(module: ir.Module) -> None:
-    """search(n, hay, m, keys, right, out): out[j] = numpy.searchsorted(hay, keys[j], side) for sorted `hay`, by a
-    pointer that walks from the previous answer (either way), so sorted keys cost O(n + m) in all."""
-    fn, b = _function(module, "trnc_search", 6)
-    n, hay_address, m, keys_address, right, out_address = fn.args
-    hay, keys, out = (b.inttoptr(a, _P) for a in (hay_address, keys_address, out_address))
-    p = b.var(0)
-    strict = b.icmp_signed("!=", right, _i(0))
-
-    def before(value, key):   # hay[p] < key for side left, hay[p] <= key for side right
-        return b.select(strict, b.icmp_signed("<=", value, key), b.icmp_signed("<", value, key))
-    with b.loop(_i(0), m) as j:
-        key = b.get(keys, j)
-        for step, move in ((-1, "back"), (1, "forward")):
-            test, body, done = (b.append_basic_block(f"{move}_{x}") for x in ("test", "body", "done"))
-            b.branch(test)
-            b.position_at_end(test)
-            at = b.load(p)
-            if step < 0:   # back while hay[p - 1] is not before key
-                go = b.and_(b.icmp_signed(">", at, _i(0)), b.not_(before(b.get(hay, b.sub(at, _i(1))), key)))
-            else:          # forward while hay[p] is before key
-                inside = b.icmp_signed("<", at, n)
-                go = b.and_(inside, before(b.get(hay, b.select(inside, at, _i(0))), key))
-            b.cbranch(go, body, done)
-            b.position_at_end(body)
-            b.store(b.add(at, _i(step)), p)
-            b.branch(test)
-            b.position_at_end(done)
-        b.store(b.load(p), b.at(out, j))
-    b.ret(_i(0))
+def _walk(b: _Builder, hay, base, n, key, at, right: bool):
+    """numpy.searchsorted(hay[base:base + n], key, side) for sorted hay, walking the pointer `at` (an alloca, the
+    previous answer) back or forward: a run of sorted keys costs O(n + keys) in all."""
+    def before(value):   # value lies before key's position: value < key (left), value <= key (right)
+        return b.icmp_signed("<=" if right else "<", value, key)
+    for step in (-1, 1):
+        test, body, done = (b.append_basic_block(x) for x in ("walk", "step", "walked"))
+        b.branch(test)
+        b.position_at_end(test)
+        p = b.load(at)
+        if step < 0:
+            go = b.and_(b.icmp_signed(">", p, _i(0)), b.not_(before(b.get(hay, b.add(base, b.sub(p, _i(1)))))))
+        else:
+            inside = b.icmp_signed("<", p, n)
+            go = b.and_(inside, before(b.get(hay, b.add(base, b.select(inside, p, _i(0))))))
+        b.cbranch(go, body, done)
+        b.position_at_end(body)
+        b.store(b.add(p, _i(step)), at)
+        b.branch(test)
+        b.position_at_end(done)
+    return b.load(at)
 
 
-_SCAN_ARGS = ("lo", "hi", "perm", "t_lo", "t_hi", "a_blo", "a_bhi", "a_plo", "a_phi", "a_write",
-              "b_blo", "b_bhi", "b_plo", "b_phi", "b_write")
+PAIR_ARGS = ("qstart", "qid", "writes", "instr", "pos", "rank", "blo", "bhi", "plo", "phi", "write", "by_lo", "by_hi",
+             "sorted_lo", "sorted_hi", "clock", "t_lo", "t_hi", "s1_lo", "s1_hi", "s2_lo", "s2_hi")
 
 
-def _scan_ir(module: ir.Module) -> None:
-    """scan(owners, flip, out, cap, *_SCAN_ARGS) -> pairs found: for each owner j and k in [lo[j], hi[j]), the
-    pair (perm[k], j), or (j, perm[k]) when flip (perm null: k itself), of a position in queue a and one in
-    queue b, kept when a is in b's unordered run [t_lo[b], t_hi[b]), their byte ranges and partition ranges
-    overlap and one writes; the first `cap` pairs kept are written to out as (a, b)."""
-    fn, b = _function(module, "trnc_scan", 4 + len(_SCAN_ARGS))
-    owners, flip, out_address, cap, *arrays = fn.args
+def _pairs_ir(module: ir.Module) -> None:
+    """pairs(queues, nq, out, cap, *PAIR_ARGS) -> pairs found: isa/races.py's race candidates of one memory.
+
+    Accesses are grouped by queue (queue g's are [qstart[g], qstart[g + 1]), in queue order; by_lo and by_hi
+    their positions within the queue by increasing blo and bhi, sorted_lo and sorted_hi those values). For each
+    ordered pair of queues (a, b), one writing, and each access j of b: the run [t_lo[j], t_hi[j]) of a's
+    accesses that j's clock has not seen and that rank before j. When these runs hold more than len(a) +
+    len(b) pairs the pairs whose byte ranges start inside each other (s1 per b, s2 per a) are counted too, and
+    the smaller enumeration is walked; a pair is kept when a lies in b's run, the byte and partition ranges
+    meet and one of the two writes. The first `cap` pairs kept go to out as (access of a, access of b), in
+    the order (a, b, then the enumeration's)."""
+    fn, b = _function(module, "trnc_pairs", 4 + len(PAIR_ARGS))
+    queues, nq, out_address, cap, *arrays = fn.args
     out = b.inttoptr(out_address, _P)
-    lo, hi, perm, t_lo, t_hi, a_blo, a_bhi, a_plo, a_phi, a_w, b_blo, b_bhi, b_plo, b_phi, b_w = (
-        b.inttoptr(a, _P) for a in arrays)
+    (qstart, qid, writes, instr, pos, rank, blo, bhi, plo, phi, write, by_lo, by_hi, sorted_lo, sorted_hi, clock,
+     t_lo, t_hi, s1_lo, s1_hi, s2_lo, s2_hi) = (b.inttoptr(a, _P) for a in arrays)
     found = b.var(0)
-    flipped = b.icmp_signed("!=", flip, _i(0))
-    identity = b.icmp_unsigned("==", b.ptrtoint(perm, I64), _i(0))
-    with b.loop(_i(0), owners) as j:
-        with b.loop(b.get(lo, j), b.get(hi, j)) as k:
-            x = b.select(identity, k, b.get(perm, b.select(identity, _i(0), k)))
-            ia, ib = b.select(flipped, j, x), b.select(flipped, x, j)
 
-            def less(p, q):
-                return b.icmp_signed("<", p, q)
+    def total(lo, hi, count):
+        sum_ = b.var(0)
+        with b.loop(_i(0), count) as j:
+            b.store(b.add(b.load(sum_), b.sub(b.get(hi, j), b.get(lo, j))), sum_)
+        return b.load(sum_)
 
-            def meet(a_lo, a_hi, b_lo, b_hi):   # [a_lo, a_hi) of a and [b_lo, b_hi) of b intersect
-                return b.and_(less(b.get(a_lo, ia), b.get(b_hi, ib)), less(b.get(b_lo, ib), b.get(a_hi, ia)))
-            keep = b.and_(b.icmp_signed("<=", b.get(t_lo, ib), ia), less(ia, b.get(t_hi, ib)))
-            keep = b.and_(keep, b.and_(meet(a_blo, a_bhi, b_blo, b_bhi), meet(a_plo, a_phi, b_plo, b_phi)))
-            keep = b.and_(keep, b.icmp_signed("!=", b.or_(b.get(a_w, ia), b.get(b_w, ib)), _i(0)))
-            with b.if_then(keep):
-                at = b.load(found)
-                with b.if_then(less(at, cap)):
-                    b.store(ia, b.at(out, b.mul(at, _i(2))))
-                    b.store(ib, b.at(out, b.add(b.mul(at, _i(2)), _i(1))))
-                b.store(b.add(at, _i(1)), found)
+    with b.loop(_i(0), queues) as qa, b.loop(_i(0), queues) as qb:
+        sa, sb = b.get(qstart, qa), b.get(qstart, qb)
+        na, nb = b.sub(b.get(qstart, b.add(qa, _i(1))), sa), b.sub(b.get(qstart, b.add(qb, _i(1))), sb)
+        writing = b.icmp_signed("!=", b.or_(b.get(writes, qa), b.get(writes, qb)), _i(0))
+        with b.if_then(b.and_(b.icmp_signed("!=", qa, qb), writing)):
+            seen, ranked, in_time = b.var(0), b.var(0), b.var(0)
+            column = b.get(qid, qa)
+            with b.loop(_i(0), nb) as j:
+                lo = _walk(b, pos, sa, na, b.get(clock, b.add(b.mul(b.get(instr, b.add(sb, j)), nq), column)), seen,
+                           right=False)
+                hi = _walk(b, rank, sa, na, b.get(rank, b.add(sb, j)), ranked, right=False)
+                hi = b.select(b.icmp_signed(">", hi, lo), hi, lo)
+                b.store(lo, b.at(t_lo, j))
+                b.store(hi, b.at(t_hi, j))
+                b.store(b.add(b.load(in_time), b.sub(hi, lo)), in_time)
+            time = b.load(in_time)
+            in_space = b.var(time)
+            with b.if_then(b.icmp_signed(">", time, b.add(na, nb))):
+                walkers = [b.var(0) for _ in range(4)]
+                with b.loop(_i(0), nb) as k:   # b's ranges in byte order: a's accesses starting inside each
+                    at = b.add(sb, k)
+                    b.store(_walk(b, sorted_lo, sa, na, b.get(sorted_lo, at), walkers[0], right=False),
+                            b.at(s1_lo, b.get(by_lo, at)))
+                    b.store(_walk(b, sorted_lo, sa, na, b.get(sorted_hi, at), walkers[1], right=False),
+                            b.at(s1_hi, b.get(by_hi, at)))
+                with b.loop(_i(0), na) as k:   # and b's accesses starting strictly inside each of a's
+                    at = b.add(sa, k)
+                    b.store(_walk(b, sorted_lo, sb, nb, b.get(sorted_lo, at), walkers[2], right=True),
+                            b.at(s2_lo, b.get(by_lo, at)))
+                    b.store(_walk(b, sorted_lo, sb, nb, b.get(sorted_hi, at), walkers[3], right=False),
+                            b.at(s2_hi, b.get(by_hi, at)))
+                b.store(b.add(total(s1_lo, s1_hi, nb), total(s2_lo, s2_hi, na)), in_space)
+
+            def side(g):   # an access's byte range, partition range and write flag
+                return [b.get(column, g) for column in (blo, bhi, plo, phi, write)]
+
+            def keep(ia, ib, a_side=None, b_side=None, in_run=False):
+                """Emit (sa + ia, sb + ib) when kept; the owner's side is loaded once per run by the caller, and a
+                walk in time is inside b's run by construction."""
+                def less(p, q):
+                    return b.icmp_signed("<", p, q)
+                ga, gb = b.add(sa, ia), b.add(sb, ib)
+                a_lo, a_hi, a_plo, a_phi, a_w = a_side or side(ga)
+                b_lo, b_hi, b_plo, b_phi, b_w = b_side or side(gb)
+                ok = b.and_(b.and_(less(a_lo, b_hi), less(b_lo, a_hi)), b.and_(less(a_plo, b_phi), less(b_plo, a_phi)))
+                ok = b.and_(ok, b.icmp_signed("!=", b.or_(a_w, b_w), _i(0)))
+                if not in_run:
+                    ok = b.and_(ok, b.and_(b.icmp_signed("<=", b.get(t_lo, ib), ia), less(ia, b.get(t_hi, ib))))
+                with b.if_then(ok):
+                    at = b.load(found)
+                    with b.if_then(less(at, cap)):
+                        b.store(ga, b.at(out, b.mul(at, _i(2))))
+                        b.store(gb, b.at(out, b.add(b.mul(at, _i(2)), _i(1))))
+                    b.store(b.add(at, _i(1)), found)
+
+            with b.if_then(b.icmp_signed("!=", time, _i(0))):
+                with b.if_else(b.icmp_signed("<=", time, b.load(in_space))) as (by_time, by_space):
+                    with by_time, b.loop(_i(0), nb) as j:
+                        owner = side(b.add(sb, j))
+                        with b.loop(b.get(t_lo, j), b.get(t_hi, j)) as k:
+                            keep(k, j, b_side=owner, in_run=True)
+                    with by_space:
+                        with b.loop(_i(0), nb) as j:
+                            owner = side(b.add(sb, j))
+                            with b.loop(b.get(s1_lo, j), b.get(s1_hi, j)) as k:
+                                keep(b.get(by_lo, b.add(sa, k)), j, b_side=owner)
+                        with b.loop(_i(0), na) as i:
+                            owner = side(b.add(sa, i))
+                            with b.loop(b.get(s2_lo, i), b.get(s2_hi, i)) as k:
+                                keep(i, b.get(by_lo, b.add(sb, k)), a_side=owner)
     b.ret(b.load(found))
 
 
@@ -207,7 +260,7 @@ class _Native:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         module = ir.Module(name="trnc_native")
-        for build in (_clocks_ir, _order_ir, _search_ir, _scan_ir):
+        for build in (_clocks_ir, _order_ir, _pairs_ir):
             build(module)
         triple = llvm.get_process_triple()
         machine = llvm.Target.from_triple(triple).create_target_machine(opt=2, jit=True)
@@ -224,8 +277,7 @@ class _Native:
             return kind(self._engine.get_function_address(name))
         self.clocks = function("trnc_clocks", 9)
         self.order = function("trnc_order", 12)
-        self.search = function("trnc_search", 6)
-        self.scan = function("trnc_scan", 4 + len(_SCAN_ARGS))
+        self.pairs = function("trnc_pairs", 4 + len(PAIR_ARGS))
 
 
 _native: _Native | None = None
@@ -297,40 +349,35 @@ def execution_order(queue_members: list[np.ndarray], wait_first: np.ndarray, wai
     return out[:placed]
 
 
-def search(hay: np.ndarray, keys: np.ndarray, side: str = "left") -> np.ndarray:
-    """numpy.searchsorted(hay, keys, side) for sorted int `hay`, in time linear in both when keys are sorted."""
-    hay, keys = _ints(hay, keys)
-    out = np.empty(len(keys), dtype=np.int64)
-    if len(keys):
-        _functions().search(len(hay), hay.ctypes.data, len(keys), keys.ctypes.data, int(side == "right"),
-                            out.ctypes.data)
-    return out
-
-
-def scan(lo: np.ndarray, hi: np.ndarray, perm: np.ndarray | None, flip: bool, columns: dict[str, np.ndarray],
-         sizes: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(positions in a, positions in b) of the pairs trnc_scan keeps, in enumeration order (owner, then k).
-    `perm` None stands for the identity; `columns` holds _SCAN_ARGS[3:] (t_lo, t_hi per b; the a_ columns per a,
-    the b_ ones per b), `sizes` the lengths of queue a and b."""
-    owner_size, other_size = (sizes[0], sizes[1]) if flip else (sizes[1], sizes[0])
-    lo, hi = _ints(lo, hi)
-    if perm is not None:
-        perm = _ints(perm)[0]
-        _within(perm, 0, other_size, "position")
-    if len(lo) != owner_size or len(hi) != owner_size:
-        raise ValueError("one run per owner")
-    if owner_size and (lo.min() < 0 or hi.max() > (other_size if perm is None else len(perm)) or np.any(lo > hi)):
-        raise ValueError("a run outside perm")
-    arrays = _ints(*(columns[name] for name in _SCAN_ARGS[3:]))
-    for name, array in zip(_SCAN_ARGS[3:], arrays):
-        if len(array) != sizes[name.startswith(("t_", "b_"))]:
-            raise ValueError(f"{name} has {len(array)} values")
-    addresses = [lo.ctypes.data, hi.ctypes.data, 0 if perm is None else perm.ctypes.data,
-                 *(a.ctypes.data for a in arrays)]
-    cap = 1024
+def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str, np.ndarray],
+               clock: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(accesses of a, accesses of b) of the race candidates of one memory: trnc_pairs (see _pairs_ir) over
+    `columns` (PAIR_ARGS[2:15]: `writes` per queue, the others per access, grouped by queue), with the clock rows
+    of the accesses' instructions and the ordering's queue id of each group."""
+    queue_start, queue_id = _ints(queue_start, queue_id)
+    arrays = dict(zip(PAIR_ARGS[2:15], _ints(*(columns[name] for name in PAIR_ARGS[2:15]))))
+    clock = np.ascontiguousarray(clock, dtype=np.int64)
+    queues, accesses = len(queue_id), int(queue_start[-1])
+    sizes = np.diff(queue_start)
+    if queue_start[0] != 0 or np.any(sizes < 0) or len(arrays["writes"]) != queues or clock.ndim != 2:
+        raise ValueError("queue groups do not cover the accesses")
+    for name in PAIR_ARGS[3:15]:
+        if len(arrays[name]) != accesses:
+            raise ValueError(f"{name} has {len(arrays[name])} values for {accesses} accesses")
+    _within(queue_id, 0, clock.shape[1], "queue")
+    _within(arrays["instr"], 0, len(clock), "instruction")
+    local_size = np.repeat(sizes, sizes)
+    for name in ("by_lo", "by_hi"):
+        if np.any((arrays[name] < 0) | (arrays[name] >= local_size)):
+            raise ValueError(f"{name} out of its queue")
+    scratch = [np.zeros(max(int(sizes.max(initial=0)), 1), dtype=np.int64) for _ in range(6)]
+    addresses = [queue_start.ctypes.data, queue_id.ctypes.data,
+                 *(arrays[name].ctypes.data for name in PAIR_ARGS[2:15]), clock.ctypes.data,
+                 *(a.ctypes.data for a in scratch)]
+    cap = 4096
     while True:
         out = np.empty(2 * cap, dtype=np.int64)
-        found = _functions().scan(len(lo), int(flip), out.ctypes.data, cap, *addresses)
+        found = _functions().pairs(queues, clock.shape[1], out.ctypes.data, cap, *addresses)
         if found <= cap:
             pairs = out[:2 * found].reshape(-1, 2)
             return pairs[:, 0], pairs[:, 1]

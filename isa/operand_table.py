@@ -29,6 +29,8 @@ from trnc.isa.opcodes import opspec
 # The integer columns read from AP attributes of the same meaning (besides mem, dtype and dims).
 _AP_FIELDS = {"partitions": "partitions", "start": "start_partition", "offset": "offset",
               "tensor": "tensor", "pstride": "partition_stride"}
+_ITEMSIZE = np.zeros(max(d.code for d in DType) + 1, dtype=np.int64)   # by DType code
+_ITEMSIZE[[d.code for d in DType]] = [d.itemsize for d in DType]
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def _unpack(aps: list) -> dict[str, np.ndarray]:
     columns = {name: _ints(column) for name, column in zip(_AP_FIELDS, values)}
     columns["mem"] = _ints(mem)
     columns["dtype"] = _ints(map(attrgetter("code"), dtypes))
-    columns["itemsize"] = _ints(map(attrgetter("itemsize"), dtypes))
+    columns["itemsize"] = _ITEMSIZE[columns["dtype"]]
     ndims = columns["ndims"] = _ints(map(len, dims))
     if ndims.max() > MAX_FREE_DIMS:
         raise TypeError(f"an access pattern has more than {MAX_FREE_DIMS} free dims")

@@ -266,34 +266,6 @@ def _tensor_base(program: Program) -> np.ndarray:
     return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes)])
 
 
-@dataclass
-class _Queue:
-    """One queue's accesses to one memory in queue order, with the columns and the sort by byte range that each
-    pairing with another queue reuses."""
-
-    ids: np.ndarray        # access ids
-    instr: np.ndarray
-    pos: np.ndarray        # ordering.pos and .rank of instr: both increase along the queue
-    rank: np.ndarray
-    write: np.ndarray
-    plo: np.ndarray
-    phi: np.ndarray
-    blo: np.ndarray
-    bhi: np.ndarray
-    by_lo: np.ndarray      # positions in ids by increasing blo (stable), and by increasing bhi
-    by_hi: np.ndarray
-    sorted_lo: np.ndarray  # blo[by_lo], bhi[by_hi]
-    sorted_hi: np.ndarray
-
-    @classmethod
-    def of(cls, acc: _Accesses, ordering: Ordering, ids: np.ndarray) -> _Queue:
-        instr, blo, bhi = acc.instr[ids], acc.blo[ids], acc.bhi[ids]
-        by_lo, by_hi = np.argsort(blo, kind="stable"), np.argsort(bhi)
-        return cls(ids, instr, ordering.pos[instr], ordering.rank[instr], acc.write[ids].astype(np.int64),
-                   acc.plo[ids], acc.phi[ids],
-                   blo, bhi, by_lo, by_hi, blo[by_lo], bhi[by_hi])
-
-
 def find_races(program: Program, ordering: Ordering, indices: list[int],
                describe: Callable[[int], str]) -> list[Problem]:
     """A `race` problem per pair of instructions (among `indices`) on different queues that share a byte,
@@ -302,72 +274,44 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
     if not acc.instr.size:
         return []
     queue = ordering.queue[acc.instr]
-    by = np.lexsort((acc.instr, queue, acc.mem))
-    groups: dict[int, dict[int, _Queue]] = {}
-    keys = np.stack([acc.mem[by], queue[by]], axis=1)
-    cuts = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
-    for part in np.split(by, cuts):
-        groups.setdefault(int(acc.mem[part[0]]), {})[int(queue[part[0]])] = _Queue.of(acc, ordering, part)
     found: dict[tuple[int, int], Problem] = {}
     exact = _ExactTest(acc)
-    for per_queue in groups.values():
-        writes = {q for q, accesses in per_queue.items() if accesses.write.any()}
-        for qa, a in per_queue.items():
-            for qb, b in per_queue.items():
-                if qa != qb and (qa in writes or qb in writes):   # reads alone never race
-                    for ga, gb in _candidates(acc, ordering, qa, a, b):
-                        pair = (int(acc.instr[ga]), int(acc.instr[gb]))
-                        if pair not in found:
-                            problem = exact.race(program, ordering, ga, gb, describe)
-                            if problem is not None:
-                                found[pair] = problem
+    for ga, gb in _candidates(acc, ordering, queue):
+        pair = (int(acc.instr[ga]), int(acc.instr[gb]))
+        if pair not in found:
+            problem = exact.race(program, ordering, ga, gb, describe)
+            if problem is not None:
+                found[pair] = problem
     return list(found.values())
 
 
-def _candidates(acc: _Accesses, ordering: Ordering, qa: int, a: _Queue, b: _Queue):
-    """Pairs (a, b) of access ids, a on queue qa ranked before b and not happening before it, whose bounding
-    boxes overlap and one of which writes.
+def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Pairs (a, b) of access ids on different queues, a ranked before b and not happening before it, whose
+    footprints meet and one of which writes; per memory, in the order of its queue pairs.
 
-    Two enumerations find a superset: in time, the run of a's that b's clock has not seen and that rank
-    before b; in space, the pairs where one byte range starts inside the other. Both are counted first
-    (binary searches) and the shorter one is expanded, so neither a long unsynchronized stretch nor the
-    reuse of one buffer over time alone makes the work quadratic. The runs in time are counted first: none
-    (queues in lockstep) ends the search, and few are expanded without counting the other way.
+    Two enumerations find a superset (isa/native.py's trnc_pairs walks them): in time, the run of a's that
+    b's clock has not seen and that rank before b; in space, the pairs where one byte range starts inside
+    the other. Both are counted first and the shorter one is walked, so neither a long unsynchronized
+    stretch nor the reuse of one buffer over time alone makes the work quadratic; the footprints' rows
+    then drop column tiles of one matrix.
     """
-    clock = ordering.clock[b.instr, qa]   # of each b: how many a's happen before it
-    t_lo, t_hi = native.search(a.pos, clock), native.search(a.rank, b.rank)
-    in_time = np.maximum(t_hi - t_lo, 0).sum()
-    if not in_time:   # every a happens before every b it ranks before: nothing to pair
-        return
-    if in_time > len(a.ids) + len(b.ids):   # else expanding the runs costs no more than counting the other way
-        # a starting in [blo_b, bhi_b), and b starting in (blo_a, bhi_a): every overlapping pair exactly once
-        # (searched for in sorted order, several times faster, then put back in queue order)
-        s1_lo = _in_order(native.search(a.sorted_lo, b.sorted_lo), b.by_lo)
-        s1_hi = _in_order(native.search(a.sorted_lo, b.sorted_hi), b.by_hi)
-        s2_lo = _in_order(native.search(b.sorted_lo, a.sorted_lo, "right"), a.by_lo)
-        s2_hi = _in_order(native.search(b.sorted_lo, a.sorted_hi), a.by_hi)
-        in_space = (s1_hi - s1_lo).sum() + (s2_hi - s2_lo).sum()
-    else:
-        in_space = in_time
-    columns = {"t_lo": t_lo, "t_hi": t_hi, **{f"{side}_{name}": getattr(queue, name)
-                                              for side, queue in (("a", a), ("b", b))
-                                              for name in ("blo", "bhi", "plo", "phi", "write")}}
-    if in_time <= in_space:   # runs over a's positions, one per b
-        runs = [(t_lo, np.maximum(t_hi, t_lo), None, False)]
-    else:   # runs over a in byte order per b, and over b in byte order per a
-        runs = [(s1_lo, s1_hi, a.by_lo, False), (s2_lo, s2_hi, b.by_lo, True)]
-    for lo, hi, perm, flip in runs:
-        ia, ib = native.scan(lo, hi, perm, flip, columns, (len(a.ids), len(b.ids)))
-        ga, gb = a.ids[ia], b.ids[ib]
+    by = np.lexsort((acc.instr, queue, acc.mem))   # by memory, then queue, then queue order
+    for part in np.split(by, np.flatnonzero(np.diff(acc.mem[by])) + 1):
+        group = queue[part]
+        cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
+        sizes = np.diff(cuts)
+        owner = np.repeat(np.arange(len(sizes)), sizes)
+        local = np.arange(len(part)) - cuts[owner]
+        blo, bhi = acc.blo[part], acc.bhi[part]
+        by_lo, by_hi = np.lexsort((blo, owner)), np.lexsort((bhi, owner))   # within each queue, stable
+        columns = {"writes": np.logical_or.reduceat(acc.write[part], cuts[:-1]), "instr": acc.instr[part],
+                   "pos": ordering.pos[acc.instr[part]], "rank": ordering.rank[acc.instr[part]], "blo": blo, "bhi": bhi,
+                   "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part], "by_lo": local[by_lo],
+                   "by_hi": local[by_hi], "sorted_lo": blo[by_lo], "sorted_hi": bhi[by_hi]}
+        ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, ordering.clock)
+        ga, gb = part[ia], part[ib]
         meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
         yield from zip(ga[meet].tolist(), gb[meet].tolist(), strict=True)
-
-
-def _in_order(found: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Results found for the needles taken in `order`, put back in the needles' order."""
-    out = np.empty_like(found)
-    out[order] = found
-    return out
 
 
 def byte_addresses(ap: AP) -> np.ndarray | None:

@@ -18,19 +18,26 @@ def _csr(rows):
     return first, np.array([x for r in rows for x in r], dtype=np.int64)
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_clocks_count_the_instructions_of_each_queue_that_reach_each_instruction(seed):
-    rng = np.random.default_rng(seed)
-    n, queues = int(rng.integers(1, 60)), int(rng.integers(1, 6))
-    queue, waits = _random_graph(rng, n, queues)
+def _clock_oracle(queue, waits):
+    """prev, pos, and per instruction the set of instructions that happen before it or are it."""
+    n = len(queue)
     prev, pos, last = [-1] * n, [0] * n, {}
     for i, q in enumerate(queue.tolist()):
         prev[i] = last.get(q, -1)
         pos[i] = pos[prev[i]] + 1 if prev[i] >= 0 else 0
         last[q] = i
-    reach = [set() for _ in range(n)]   # the instructions that happen before i, or are i
+    reach = []
     for i in range(n):
-        reach[i] = {i}.union(*(reach[p] for p in [prev[i], *waits[i]] if p >= 0))
+        reach.append({i}.union(*(reach[p] for p in [prev[i], *waits[i]] if p >= 0)))
+    return prev, pos, reach
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_clocks_count_the_instructions_of_each_queue_that_reach_each_instruction(seed):
+    rng = np.random.default_rng(seed)
+    n, queues = int(rng.integers(1, 60)), int(rng.integers(1, 6))
+    queue, waits = _random_graph(rng, n, queues)
+    prev, pos, reach = _clock_oracle(queue, waits)
     want = np.array([[sum(1 for j in reach[i] if queue[j] == q) for q in range(queues)] for i in range(n)])
     first, source = _csr(waits)
     got = native.clocks(np.arange(n), np.array(prev), first, source, queue, np.array(pos), queues)
@@ -71,43 +78,44 @@ def test_execution_order_follows_the_first_ready_queue_rule(seed):
     assert got.tolist() == want
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_search_is_searchsorted_for_keys_in_any_order(seed):
+@pytest.mark.parametrize("seed", range(24))
+def test_race_pairs_are_the_unordered_overlapping_pairs_with_a_write(seed):
+    """Every pair of accesses on two queues, a ranked before b and not happening before it, whose byte and
+    partition ranges meet, one writing: each once, and the queue pairs in order. Few waits make long runs in
+    time, so both enumerations are taken."""
     rng = np.random.default_rng(seed)
-    hay = np.sort(rng.integers(-5, 20, rng.integers(0, 40)))
-    for keys in (rng.integers(-8, 25, 30), np.sort(rng.integers(-8, 25, 30))):
-        for side in ("left", "right"):
-            assert np.array_equal(native.search(hay, keys, side), np.searchsorted(hay, keys, side))
+    n, queues = int(rng.integers(2, 50)), int(rng.integers(2, 5))
+    queue = rng.integers(0, queues, n)
+    waits = [sorted(set(rng.integers(0, i, rng.integers(0, 2) * (seed % 3)).tolist())) if i else []
+             for i in range(n)]
+    prev, pos, reach = _clock_oracle(queue, waits)
+    first, source = _csr(waits)
+    clock = native.clocks(np.arange(n), np.array(prev), first, source, queue, np.array(pos), queues)
+    instr = np.sort(rng.integers(0, n, int(rng.integers(1, 2 * n))))   # accesses, in program order
+    lo, plo = rng.integers(0, 30, len(instr)), rng.integers(0, 3, len(instr))
+    acc = {"instr": instr, "blo": lo, "bhi": lo + rng.integers(1, 6, len(instr)), "plo": plo,
+           "phi": plo + rng.integers(1, 3, len(instr)), "write": rng.integers(0, 2, len(instr))}
+    by = np.lexsort((instr, queue[instr]))
+    acc = {k: v[by] for k, v in acc.items()}
+    group = queue[acc["instr"]]
+    cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
+    owner = np.repeat(np.arange(len(cuts) - 1), np.diff(cuts))
+    local = np.arange(len(group)) - cuts[owner]
+    by_lo, by_hi = np.lexsort((acc["blo"], owner)), np.lexsort((acc["bhi"], owner))
+    columns = {**acc, "writes": np.logical_or.reduceat(acc["write"], cuts[:-1]), "pos": np.array(pos)[acc["instr"]],
+               "rank": acc["instr"], "by_lo": local[by_lo], "by_hi": local[by_hi], "sorted_lo": acc["blo"][by_lo],
+               "sorted_hi": acc["bhi"][by_hi]}
+    ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, clock)
+    got = list(zip(ia.tolist(), ib.tolist()))
 
-
-@pytest.mark.parametrize("seed", range(20))
-def test_scan_keeps_exactly_the_unordered_overlapping_pairs_with_a_write(seed):
-    rng = np.random.default_rng(seed)
-    na, nb = int(rng.integers(1, 30)), int(rng.integers(1, 30))
-
-    def side(count):
-        lo, plo = rng.integers(0, 40, count), rng.integers(0, 4, count)
-        return {"blo": lo, "bhi": lo + rng.integers(1, 10, count), "plo": plo, "phi": plo + rng.integers(1, 3, count),
-                "write": rng.integers(0, 2, count)}
-    a, b = side(na), side(nb)
-    t_lo = rng.integers(0, na + 1, nb)
-    columns = {"t_lo": t_lo, "t_hi": t_lo + rng.integers(0, 6, nb),
-               **{f"a_{k}": v for k, v in a.items()}, **{f"b_{k}": v for k, v in b.items()}}
-
-    def kept(i, j):
-        return (columns["t_lo"][j] <= i < columns["t_hi"][j] and a["blo"][i] < b["bhi"][j] and b["blo"][j] < a["bhi"][i]
-                and a["plo"][i] < b["phi"][j] and b["plo"][j] < a["phi"][i] and (a["write"][i] or b["write"][j]))
-    for flip in (False, True):
-        owners, others = (na, nb) if flip else (nb, na)
-        perm = rng.permutation(others)
-        lo = rng.integers(0, others + 1, owners)
-        hi = np.minimum(lo + rng.integers(0, others + 1, owners), others)
-        want = [((j, perm[k]) if flip else (perm[k], j)) for j in range(owners) for k in range(lo[j], hi[j])]
-        want = [(int(i), int(j)) for i, j in want if kept(i, j)]
-        ia, ib = native.scan(lo, hi, perm, flip, columns, (na, nb))
-        assert list(zip(ia.tolist(), ib.tolist())) == want
-    ia, ib = native.scan(t_lo * 0, np.full(nb, na), None, False, columns, (na, nb))   # identity: every a per b
-    assert list(zip(ia.tolist(), ib.tolist())) == [(i, j) for j in range(nb) for i in range(na) if kept(i, j)]
+    def racy(i, j):
+        a, b = int(acc["instr"][i]), int(acc["instr"][j])
+        return (group[i] != group[j] and a < b and a not in reach[b] and acc["blo"][i] < acc["bhi"][j]
+                and acc["blo"][j] < acc["bhi"][i] and acc["plo"][i] < acc["phi"][j] and acc["plo"][j] < acc["phi"][i]
+                and bool(acc["write"][i] or acc["write"][j]))
+    want = {(i, j) for i in range(len(group)) for j in range(len(group)) if racy(i, j)}
+    assert len(got) == len(set(got)) and set(got) == want
+    assert [(group[i], group[j]) for i, j in got] == sorted((group[i], group[j]) for i, j in got)
 
 
 def test_indices_out_of_bounds_are_refused_before_any_native_access():
@@ -122,9 +130,11 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
     with pytest.raises(ValueError, match="row starts"):
         native.execution_order([one], np.array([0, 2]), np.array([0]), np.array([1]), np.array([0, 0]),
                                np.zeros(0), 2)
-    columns = {name: np.zeros(2 if name.startswith(("t_", "b_")) else 1, dtype=np.int64)
-               for name in native._SCAN_ARGS[3:]}
-    with pytest.raises(ValueError, match="run outside"):
-        native.scan(np.zeros(2), np.array([0, 2]), None, False, columns, (1, 2))
-    with pytest.raises(ValueError, match="position"):
-        native.scan(np.zeros(2), np.ones(2), np.array([4]), False, columns, (1, 2))
+    columns = {name: np.zeros(2, dtype=np.int64) for name in native.PAIR_ARGS[3:15]}
+    columns["writes"] = np.ones(1, dtype=np.int64)
+    with pytest.raises(ValueError, match="by_lo out of its queue"):
+        native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "by_lo": np.array([0, 2])}, np.zeros((1, 1)))
+    with pytest.raises(ValueError, match="instruction"):
+        native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "instr": np.array([0, 1])}, np.zeros((1, 1)))
+    with pytest.raises(ValueError, match="accesses"):
+        native.race_pairs(np.array([0, 3]), np.zeros(1), columns, np.zeros((1, 1)))
