@@ -1,9 +1,9 @@
-"""The load path's integer loops in native code: happens-before clocks, the execution order, the race scan.
+"""The load path's integer loops in native code: happens-before clocks, the execution order, race candidates.
 
 Each is a loop over instructions or pairs of accesses whose step is a few integer operations: Python spends
 about a microsecond per step, which on a 100k-instruction program was most of what verifying and loading cost
 (isa/races.py, runtime/reference.py). Here they are written once in LLVM IR (llvmlite's builder), compiled
-for the host when first used in a process (about 50 ms) and called through ctypes on int64 numpy arrays.
+for the host when first used in a process (about 80 ms) and called through ctypes on int64 numpy arrays.
 
 The callers build every index array themselves and the wrappers check the bounds the loops rely on, so a bad
 program gets a Python error, never an access out of bounds in native code. The loops are the specification's
@@ -21,7 +21,6 @@ from llvmlite import ir
 
 I64 = ir.IntType(64)
 _P = I64.as_pointer()
-_ARRAY = ctypes.c_void_p
 
 
 def _i(value: int) -> ir.Constant:
@@ -29,7 +28,7 @@ def _i(value: int) -> ir.Constant:
 
 
 class _Builder(ir.IRBuilder):
-    """IRBuilder with the loop shapes the three functions need; variables live in allocas (mem2reg lifts them)."""
+    """IRBuilder with the loop shapes the functions need; variables live in allocas (mem2reg lifts them)."""
 
     def var(self, value) -> ir.AllocaInstr:
         with self.goto_entry_block():
@@ -312,6 +311,8 @@ def clocks(order: np.ndarray, prev: np.ndarray, wait_first: np.ndarray, wait_sou
     _within(prev, -1, n, "prev")
     _within(wait_source, 0, n, "wait source")
     _within(queue, 0, queues, "queue")
+    if len(queue) != n or len(pos) != n:
+        raise ValueError("a queue and a position per instruction")
     _check_first(wait_first, n, len(wait_source))
     clock = np.zeros((n, queues), dtype=np.int64)
     if n and len(order) == n:
@@ -339,6 +340,8 @@ def execution_order(queue_members: list[np.ndarray], wait_first: np.ndarray, wai
         raise ValueError("an instruction is in two queues")
     _check_first(wait_first, n, len(wait_semaphore))
     _check_first(signal_first, n, len(signal_semaphore))
+    if len(wait_value) != len(wait_semaphore):
+        raise ValueError("a value per wait")
     _within(wait_semaphore, 0, semaphores, "semaphore")
     _within(signal_semaphore, 0, semaphores, "semaphore")
     counts = np.zeros(max(semaphores, 1), dtype=np.int64)

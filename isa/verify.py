@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from numbers import Integral, Real
+from operator import itemgetter
 
 import numpy as np
 
@@ -296,10 +297,16 @@ def _table(program: Program) -> OperandTable | None:
         return None
 
 
-def _tabled_form_key(ins: Instruction, form: int) -> tuple:
+def _tabled_form_key(ins: Instruction, form: int, plain: dict[str, Callable]) -> tuple:
     """_form_key from the operand table: its instruction form (each AP operand's field and AP but for its place,
-    and which operands are identical) stands for the values of the AP fields, which are named like the others."""
-    return (ins.opcode, ins.engine, ins.queue, form, *[k if isinstance(v, AP) else (k, v) for k, v in ins.args])
+    and which operands are identical) stands for the AP fields, and the opcode with the field count for the
+    AP fields' names (a table holds only instructions whose AP fields are where the opcode table puts them);
+    `plain` caches per opcode the getter of its other fields' (name, value) pairs."""
+    get = plain.get(ins.opcode)
+    if get is None:
+        positions = [k for k, f in enumerate(BY_NAME[ins.opcode].fields) if f.kind is not Kind.AP]
+        get = plain[ins.opcode] = itemgetter(*positions) if positions else (lambda args: ())
+    return (ins.opcode, ins.engine, ins.queue, form, len(ins.args), get(ins.args))
 
 
 def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
@@ -374,11 +381,12 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         table = _table(program)
         forms = None if table is None else table.instruction_forms.tolist()
+        plain: dict[str, Callable] = {}
         for i, ins in enumerate(program.instructions):
             try:
-                key = _form_key(ins) if forms is None else _tabled_form_key(ins, forms[i])
+                key = _form_key(ins) if forms is None else _tabled_form_key(ins, forms[i], plain)
                 seen = key in passed
-            except (TypeError, AttributeError):   # unhashable or ill-typed fields: an ill-formed instruction
+            except (TypeError, AttributeError, IndexError):   # unhashable, ill-typed or missing fields: ill-formed
                 key, seen = None, False
             if seen:
                 later.append(i)

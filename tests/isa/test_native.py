@@ -127,6 +127,11 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
     with pytest.raises(ValueError, match="semaphore"):
         native.execution_order([one], np.array([0, 1]), np.array([7]), np.array([1]), np.array([0, 0]),
                                np.zeros(0), 2)
+    with pytest.raises(ValueError, match="a queue and a position per instruction"):
+        native.clocks(one, np.array([-1]), np.array([0, 0]), np.zeros(0), np.zeros(0), one, 1)
+    with pytest.raises(ValueError, match="a value per wait"):
+        native.execution_order([one], np.array([0, 1]), np.array([0]), np.zeros(0), np.array([0, 0]),
+                               np.zeros(0), 2)
     with pytest.raises(ValueError, match="row starts"):
         native.execution_order([one], np.array([0, 2]), np.array([0]), np.array([1]), np.array([0, 0]),
                                np.zeros(0), 2)

@@ -73,14 +73,18 @@ def test_the_table_path_reports_what_the_per_instruction_path_reports(seed, monk
     assert set(suspects[0].tolist()) <= set(range(len(program.instructions)))
 
 
-def test_a_field_beyond_the_table_is_refused_after_an_instruction_of_its_form_passed():
-    """An instruction of a form that passed, but with one field more (an AP), still sees every rule."""
+def test_a_field_beyond_the_table_or_one_missing_is_refused_after_an_instruction_of_its_form_passed():
+    """An instruction of a form that passed, but with one field more (an AP) or its last one missing, still sees
+    every rule."""
     rng = random.Random(5)
     good = _instruction(rng)
     while good.opcode != "tensor_tensor" or verifier.check(Program(TENSORS, (good,), TARGET)):
         good = _instruction(rng)
     extra = good.replace(args=(*good.args, ("extra", good["dst"])))
     found = verifier.check(Program(TENSORS, (good, extra), TARGET))
+    assert [(v.index, v.rule) for v in found] == [(1, "fields")]
+    short = good.replace(args=good.args[:-1])   # its last field (op, not an AP) left out
+    found = verifier.check(Program(TENSORS, (good, short), TARGET))
     assert [(v.index, v.rule) for v in found] == [(1, "fields")]
 
 
