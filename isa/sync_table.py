@@ -73,9 +73,9 @@ def _build(instructions) -> SyncTable:
     names = tuple(sorted(name_first, key=name_first.get))
     pair_queue = np.array([names.index(name) for name in pair_names], dtype=np.int64)
     wait_counts = _ints(map(len, waits))
-    flat = _ints(chain.from_iterable(chain.from_iterable(waits)))
-    if len(flat) != 2 * wait_counts.sum():
+    if not set(map(len, chain.from_iterable(waits))) <= {2}:
         raise TypeError("a wait is not a (semaphore, value) pair")
+    flat = _ints(chain.from_iterable(chain.from_iterable(waits)))
     return SyncTable(pair_queue[inverse.reshape(-1)], names, _first(wait_counts), flat[0::2], flat[1::2],
                      _first(_ints(map(len, signals))), _ints(chain.from_iterable(signals)))
 
@@ -90,4 +90,7 @@ def _ints(values) -> np.ndarray:
     values = values if isinstance(values, (list, tuple)) else list(values)
     if any(t is bool or not issubclass(t, (int, np.integer)) for t in set(map(type, values))):
         raise TypeError("a queue, wait or signal is not an integer")
-    return np.array(values, dtype=np.int64).reshape(-1)
+    try:
+        return np.array(values, dtype=np.int64).reshape(-1)
+    except OverflowError:
+        raise TypeError("a queue, wait or signal does not fit 64 bits") from None

@@ -111,7 +111,7 @@ def _engine(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
 
 def _queue(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
     if not _integer(ins.queue):
-        yield "queue", f"queue {ins.queue!r} is not an integer"
+        yield "queue", f"queue {ins.queue!r} is not a 64-bit integer"
     elif ins.engine is Engine.DMA:
         if not 0 <= ins.queue < DMA_QUEUES:
             yield "queue", f"DMA queue {ins.queue} is outside [0, {DMA_QUEUES})"
@@ -120,7 +120,8 @@ def _queue(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
 
 
 def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    """An int of 64 bits (what the sync table holds)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and -2**63 <= value < 2**63
 
 
 def _sync_problems(ins: Instruction) -> Iterator[Problem]:
@@ -128,9 +129,9 @@ def _sync_problems(ins: Instruction) -> Iterator[Problem]:
     read (isa/sync_table.py); checked on every instruction only when the program's sync table fails."""
     if not isinstance(ins.waits, (tuple, list)) or not all(
             isinstance(w, (tuple, list)) and len(w) == 2 and all(map(_integer, w)) for w in ins.waits):
-        yield "semaphore", f"waits {ins.waits!r} are not (semaphore, value) pairs of integers"
+        yield "semaphore", f"waits {ins.waits!r} are not (semaphore, value) pairs of 64-bit integers"
     if not isinstance(ins.signals, (tuple, list)) or not all(map(_integer, ins.signals)):
-        yield "semaphore", f"signals {ins.signals!r} are not semaphore numbers (integers)"
+        yield "semaphore", f"signals {ins.signals!r} are not semaphore numbers (64-bit integers)"
 
 
 spec_instruction: tuple[Callable[[Ctx, Instruction], Iterator[Problem]], ...] = (_engine, _queue)

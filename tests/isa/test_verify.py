@@ -402,11 +402,14 @@ def test_deadlock_waiting_on_own_signal():
 
 
 @pytest.mark.parametrize("change,rule,words", [
-    ({"waits": ((1,),)}, "semaphore", ["waits ((1,),) are not (semaphore, value) pairs of integers"]),
+    ({"waits": ((1,),)}, "semaphore", ["waits ((1,),) are not (semaphore, value) pairs of 64-bit integers"]),
+    ({"waits": ((1, 2, 3), (4,))}, "semaphore", ["waits ((1, 2, 3), (4,))"]),
+    ({"waits": ((2**70, 1),)}, "semaphore", [f"waits (({2**70}, 1),)"]),
+    ({"signals": (-2**64,)}, "semaphore", [f"signals ({-2**64},)"]),
     ({"waits": ((1.5, 2),)}, "semaphore", ["waits ((1.5, 2),)"]),
     ({"signals": ("a",)}, "semaphore", ["signals ('a',) are not semaphore numbers"]),
     ({"signals": (True,)}, "semaphore", ["signals (True,)"]),
-    ({"queue": "0"}, "queue", ["queue '0' is not an integer"]),
+    ({"queue": "0"}, "queue", ["queue '0' is not a 64-bit integer"]),
 ])
 def test_ill_typed_sync_fields_are_reported_not_raised(change, rule, words):
     """Also on an instruction of a form that already passed (the form key leaves waits and signals out)."""
