@@ -253,7 +253,8 @@ def _pairs_ir(module: ir.Module) -> None:
 
 
 class _Native:
-    """The functions, compiled for the host into an MCJIT engine of their own (kept for the process)."""
+    """The functions, compiled for the host into an MCJIT engine of their own (kept for the process). Not through
+    runtime/jit/codegen.py's Codegen: the isa layer imports no runtime (and these loops want no kernel cache)."""
 
     def __init__(self):
         llvm.initialize_native_target()
@@ -311,15 +312,13 @@ def clocks(order: np.ndarray, prev: np.ndarray, wait_first: np.ndarray, wait_sou
     _within(prev, -1, n, "prev")
     _within(wait_source, 0, n, "wait source")
     _within(queue, 0, queues, "queue")
-    if len(queue) != n or len(pos) != n:
-        raise ValueError("a queue and a position per instruction")
+    if len(queue) != n or len(pos) != n or len(order) != n:
+        raise ValueError("a queue, a position and a place in the order per instruction")
     _check_first(wait_first, n, len(wait_source))
     clock = np.zeros((n, queues), dtype=np.int64)
-    if n and len(order) == n:
+    if n:
         _functions().clocks(n, queues, *(a.ctypes.data for a in (order, prev, wait_first, wait_source, queue, pos,
                                                                     clock)))
-    elif n:
-        raise ValueError("order is not a permutation of the instructions")
     return clock
 
 
@@ -360,8 +359,10 @@ def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str,
     queue_start, queue_id = _ints(queue_start, queue_id)
     arrays = dict(zip(PAIR_ARGS[2:15], _ints(*(columns[name] for name in PAIR_ARGS[2:15]))))
     clock = np.ascontiguousarray(clock, dtype=np.int64)
-    queues, accesses = len(queue_id), int(queue_start[-1])
-    sizes = np.diff(queue_start)
+    queues = len(queue_id)
+    if len(queue_start) != queues + 1:
+        raise ValueError("a start per queue group, and the end")
+    accesses, sizes = int(queue_start[-1]), np.diff(queue_start)
     if queue_start[0] != 0 or np.any(sizes < 0) or len(arrays["writes"]) != queues or clock.ndim != 2:
         raise ValueError("queue groups do not cover the accesses")
     for name in PAIR_ARGS[3:15]:

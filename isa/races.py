@@ -71,12 +71,10 @@ def order(program: Program) -> tuple[Ordering | None, list[Problem]]:
     """The happens-before order, or None with the semaphore and deadlock problems that prevent it."""
     sync = sync_table(program)
     n, queue = len(sync.queue), sync.queue
-    by_queue = np.argsort(queue, kind="stable")
-    group_start = np.flatnonzero(np.r_[True, queue[by_queue][1:] != queue[by_queue][:-1]]) if n else by_queue
-    first_of_group = np.repeat(group_start, np.diff(np.r_[group_start, n]))
+    members, start = sync.by_queue
     pos, prev = np.empty(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-    pos[by_queue] = np.arange(n) - first_of_group
-    prev[by_queue[1:]] = np.where(pos[by_queue[1:]] > 0, by_queue[:-1], -1)
+    pos[members] = np.arange(n) - np.repeat(start[:-1], np.diff(start))
+    prev[members[1:]] = np.where(pos[members[1:]] > 0, members[:-1], -1)
     events, event_start, problems = _signal_events(sync)
     source, wait_problems = _wait_sources(sync, events, event_start)
     problems += wait_problems

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 
@@ -31,13 +32,20 @@ class SyncTable:
     signal_first: np.ndarray
     signal_semaphore: np.ndarray
 
-    @property
+    @cached_property
     def wait_instr(self) -> np.ndarray:
         return np.repeat(np.arange(len(self.queue)), np.diff(self.wait_first))
 
-    @property
+    @cached_property
     def signal_instr(self) -> np.ndarray:
         return np.repeat(np.arange(len(self.queue)), np.diff(self.signal_first))
+
+    @cached_property
+    def by_queue(self) -> tuple[np.ndarray, np.ndarray]:
+        """(instructions grouped by queue id, each queue's in program order; where each queue id's group starts,
+        one more for the end): queue q's instructions are members[start[q]:start[q + 1]], none empty."""
+        members = np.argsort(self.queue, kind="stable")
+        return members, np.searchsorted(self.queue[members], np.arange(len(self.names) + 1))
 
 
 _tables: dict[int, tuple[weakref.ref, SyncTable]] = {}   # by id(program), dropped when the program dies

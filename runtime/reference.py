@@ -188,9 +188,8 @@ def execution_order(program: Program) -> list[int]:
     semaphores = np.concatenate([sync.wait_semaphore, sync.signal_semaphore])
     if semaphores.size and semaphores.min() < 0:
         raise TrncError(f"a semaphore number is negative ({semaphores.min()}); semaphores are 0..{SEMAPHORES - 1}")
-    by_queue = np.argsort(sync.queue, kind="stable")
-    cuts = np.searchsorted(sync.queue[by_queue], np.arange(len(sync.names) + 1))
-    members = {name: by_queue[cuts[k]:cuts[k + 1]] for k, name in enumerate(sync.names)}
+    grouped, start = sync.by_queue
+    members = {name: grouped[start[k]:start[k + 1]] for k, name in enumerate(sync.names)}
     empty = np.zeros(0, dtype=np.int64)
     order = native.execution_order([members.get(name, empty) for name in QUEUE_ORDER], sync.wait_first,
                                    sync.wait_semaphore, sync.wait_value, sync.signal_first, sync.signal_semaphore,

@@ -127,7 +127,7 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
     with pytest.raises(ValueError, match="semaphore"):
         native.execution_order([one], np.array([0, 1]), np.array([7]), np.array([1]), np.array([0, 0]),
                                np.zeros(0), 2)
-    with pytest.raises(ValueError, match="a queue and a position per instruction"):
+    with pytest.raises(ValueError, match="a queue, a position and a place in the order"):
         native.clocks(one, np.array([-1]), np.array([0, 0]), np.zeros(0), np.zeros(0), one, 1)
     with pytest.raises(ValueError, match="a value per wait"):
         native.execution_order([one], np.array([0, 1]), np.array([0]), np.zeros(0), np.array([0, 0]),
@@ -141,5 +141,7 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
         native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "by_lo": np.array([0, 2])}, np.zeros((1, 1)))
     with pytest.raises(ValueError, match="instruction"):
         native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "instr": np.array([0, 1])}, np.zeros((1, 1)))
+    with pytest.raises(ValueError, match="a start per queue group"):
+        native.race_pairs(np.array([0]), np.zeros(1), columns, np.zeros((1, 1)))
     with pytest.raises(ValueError, match="accesses"):
         native.race_pairs(np.array([0, 3]), np.zeros(1), columns, np.zeros((1, 1)))
