@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+import struct
+from itertools import chain
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +22,14 @@ MAX_FREE_DIMS = 4
 MAX_COUNT = 65535        # free-dim counts are 16-bit (neuroncore.md 3, "Free-dim AP": size uint16)
 STRIDE_LIMIT = 2**31     # |stride| and |partition_stride| in elements stay below this (int32)
 MAX_AP_ELEMENTS = 2**32  # elements one operand may span (partitions x free counts): bounds any instruction's work
+
+# AP.row: the AP's fields as int64 words, the columns of the operand table (isa/operand_table.py): ROW_FIELDS,
+# then a (stride, count) pair per free dim, padded with (0, 1) to MAX_FREE_DIMS.
+ROW_FIELDS = ("mem", "dtype", "ndims", "partitions", "start", "offset", "tensor", "pstride")
+ROW_WORDS = len(ROW_FIELDS) + 2 * MAX_FREE_DIMS
+_ROWS = tuple(struct.Struct(f"<{len(ROW_FIELDS) + 2 * n}q") for n in range(MAX_FREE_DIMS + 1))   # by ndims
+_ROW_PADS = tuple(struct.pack("<2q", 0, 1) * (MAX_FREE_DIMS - n) for n in range(MAX_FREE_DIMS + 1))
+_PAIR = {2}
 
 
 class Mem(enum.IntEnum):
@@ -78,6 +88,17 @@ class AP:
     start_partition: int = 0            # on-chip only
     tensor: int = -1                    # HBM only
     partition_stride: int = 0           # HBM only, in elements
+    # The fields packed once, as the AP is made, so that a table of a program's operands is one join of these
+    # (isa/operand_table.py); None when a field is not of its type (the verifier then reports it).
+    row: bytes | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "row", _pack(self))
+
+    def __reduce__(self):
+        """Pickled by its fields, the row made again when loaded."""
+        return AP, (self.mem, self.dtype, self.partitions, self.dims, self.offset, self.start_partition, self.tensor,
+                    self.partition_stride)
 
     @property
     def free_shape(self) -> tuple[int, ...]:
@@ -128,3 +149,18 @@ class AP:
 
     def partition_range(self) -> tuple[int, int]:
         return self.start_partition, self.start_partition + self.partitions
+
+
+def _pack(ap: AP) -> bytes | None:
+    """AP.row (mem and dtype by their codes); None unless mem and dtype are a Mem and a DType, the dims at most
+    MAX_FREE_DIMS pairs and every other field a 64-bit integer."""
+    dims = ap.dims
+    try:
+        ndims = len(dims)
+        if ndims > MAX_FREE_DIMS or type(ap.mem) is not Mem or type(ap.dtype) is not DType \
+                or ndims and not set(map(len, dims)) <= _PAIR:
+            return None
+        return _ROWS[ndims].pack(ap.mem, ap.dtype.code, ndims, ap.partitions, ap.start_partition, ap.offset,
+                                 ap.tensor, ap.partition_stride, *chain.from_iterable(dims)) + _ROW_PADS[ndims]
+    except (TypeError, struct.error):
+        return None

@@ -151,104 +151,77 @@ def _walk(b: _Builder, hay, base, n, key, at, right: bool):
     return b.load(at)
 
 
-PAIR_ARGS = ("qstart", "qid", "writes", "instr", "pos", "rank", "blo", "bhi", "plo", "phi", "write", "by_lo", "by_hi",
-             "sorted_lo", "sorted_hi", "clock", "t_lo", "t_hi", "s1_lo", "s1_hi", "s2_lo", "s2_hi")
+PAIR_ARGS = ("qstart", "qid", "writes", "instr", "pos", "rank", "blo", "bhi", "plo", "phi", "write", "clock",
+             "first_bucket", "last_bucket", "bucket_start", "bucket_member", "seen_at", "ranked_at", "lo_at", "hi_at")
 
 
 def _pairs_ir(module: ir.Module) -> None:
-    """pairs(queues, nq, out, cap, *PAIR_ARGS) -> pairs found: isa/races.py's race candidates of one memory.
+    """pairs(queues, nq, buckets, out, cap, *PAIR_ARGS) -> pairs found: isa/races.py's race candidates of one memory.
 
-    Accesses are grouped by queue (queue g's are [qstart[g], qstart[g + 1]), in queue order; by_lo and by_hi
-    their positions within the queue by increasing blo and bhi, sorted_lo and sorted_hi those values). For each
-    ordered pair of queues (a, b), one writing, and each access j of b: the run [t_lo[j], t_hi[j]) of a's
-    accesses that j's clock has not seen and that rank before j. When these runs hold more than len(a) +
-    len(b) pairs the pairs whose byte ranges start inside each other (s1 per b, s2 per a) are counted too, and
-    the smaller enumeration is walked; a pair is kept when a lies in b's run, the byte and partition ranges
-    meet and one of the two writes. The first `cap` pairs kept go to out as (access of a, access of b), in
-    the order (a, b, then the enumeration's)."""
-    fn, b = _function(module, "trnc_pairs", 4 + len(PAIR_ARGS))
-    queues, nq, out_address, cap, *arrays = fn.args
+    Accesses are grouped by queue (queue g's are [qstart[g], qstart[g + 1]), in queue order). The byte space is
+    cut into `buckets` equal buckets; access x covers buckets first_bucket[x]..last_bucket[x], and queue g's
+    accesses covering bucket k are bucket_member[bucket_start[g * buckets + k]:...], by their position in the
+    queue. For each access j of each queue b and each other queue a, one of the two writing: the run of a's
+    accesses that j's clock has not seen and that rank before j, found in each bucket j covers. The run's ends
+    only move forward along b, so each is a pointer walked on: per queue a (seen_at, ranked_at) and per queue a
+    and bucket (lo_at, hi_at). A pair is kept, once, in the bucket where its byte ranges' overlap starts, when
+    the byte and partition ranges meet and one of the two writes. j's row of the clock is read once for every
+    queue a. The first `cap` pairs kept go to out as (access of a, access of b)."""
+    fn, b = _function(module, "trnc_pairs", 5 + len(PAIR_ARGS))
+    queues, nq, buckets, out_address, cap, *arrays = fn.args
     out = b.inttoptr(out_address, _P)
-    (qstart, qid, writes, instr, pos, rank, blo, bhi, plo, phi, write, by_lo, by_hi, sorted_lo, sorted_hi, clock,
-     t_lo, t_hi, s1_lo, s1_hi, s2_lo, s2_hi) = (b.inttoptr(a, _P) for a in arrays)
+    (qstart, qid, writes, instr, pos, rank, blo, bhi, plo, phi, write, clock, first_bucket, last_bucket,
+     bucket_start, bucket_member, seen_at, ranked_at, lo_at, hi_at) = (b.inttoptr(a, _P) for a in arrays)
     found = b.var(0)
 
-    def total(lo, hi, count):
-        sum_ = b.var(0)
-        with b.loop(_i(0), count) as j:
-            b.store(b.add(b.load(sum_), b.sub(b.get(hi, j), b.get(lo, j))), sum_)
-        return b.load(sum_)
+    def less(p, q):
+        return b.icmp_signed("<", p, q)
 
-    with b.loop(_i(0), queues) as qa, b.loop(_i(0), queues) as qb:
-        sa, sb = b.get(qstart, qa), b.get(qstart, qb)
-        na, nb = b.sub(b.get(qstart, b.add(qa, _i(1))), sa), b.sub(b.get(qstart, b.add(qb, _i(1))), sb)
-        writing = b.icmp_signed("!=", b.or_(b.get(writes, qa), b.get(writes, qb)), _i(0))
-        with b.if_then(b.and_(b.icmp_signed("!=", qa, qb), writing)):
-            seen, ranked, in_time = b.var(0), b.var(0), b.var(0)
-            column = b.get(qid, qa)
-            with b.loop(_i(0), nb) as j:
-                lo = _walk(b, pos, sa, na, b.get(clock, b.add(b.mul(b.get(instr, b.add(sb, j)), nq), column)), seen,
-                           right=False)
-                hi = _walk(b, rank, sa, na, b.get(rank, b.add(sb, j)), ranked, right=False)
-                hi = b.select(b.icmp_signed(">", hi, lo), hi, lo)
-                b.store(lo, b.at(t_lo, j))
-                b.store(hi, b.at(t_hi, j))
-                b.store(b.add(b.load(in_time), b.sub(hi, lo)), in_time)
-            time = b.load(in_time)
-            in_space = b.var(time)
-            with b.if_then(b.icmp_signed(">", time, b.add(na, nb))):
-                walkers = [b.var(0) for _ in range(4)]
-                with b.loop(_i(0), nb) as k:   # b's ranges in byte order: a's accesses starting inside each
-                    at = b.add(sb, k)
-                    b.store(_walk(b, sorted_lo, sa, na, b.get(sorted_lo, at), walkers[0], right=False),
-                            b.at(s1_lo, b.get(by_lo, at)))
-                    b.store(_walk(b, sorted_lo, sa, na, b.get(sorted_hi, at), walkers[1], right=False),
-                            b.at(s1_hi, b.get(by_hi, at)))
-                with b.loop(_i(0), na) as k:   # and b's accesses starting strictly inside each of a's
-                    at = b.add(sa, k)
-                    b.store(_walk(b, sorted_lo, sb, nb, b.get(sorted_lo, at), walkers[2], right=True),
-                            b.at(s2_lo, b.get(by_lo, at)))
-                    b.store(_walk(b, sorted_lo, sb, nb, b.get(sorted_hi, at), walkers[3], right=False),
-                            b.at(s2_hi, b.get(by_hi, at)))
-                b.store(b.add(total(s1_lo, s1_hi, nb), total(s2_lo, s2_hi, na)), in_space)
+    def side(g):   # an access's byte range, partition range and write flag
+        return [b.get(column, g) for column in (blo, bhi, plo, phi, write)]
 
-            def side(g):   # an access's byte range, partition range and write flag
-                return [b.get(column, g) for column in (blo, bhi, plo, phi, write)]
-
-            def keep(ia, ib, a_side=None, b_side=None, in_run=False):
-                """Emit (sa + ia, sb + ib) when kept; the owner's side is loaded once per run by the caller, and a
-                walk in time is inside b's run by construction."""
-                def less(p, q):
-                    return b.icmp_signed("<", p, q)
-                ga, gb = b.add(sa, ia), b.add(sb, ib)
-                a_lo, a_hi, a_plo, a_phi, a_w = a_side or side(ga)
-                b_lo, b_hi, b_plo, b_phi, b_w = b_side or side(gb)
-                ok = b.and_(b.and_(less(a_lo, b_hi), less(b_lo, a_hi)), b.and_(less(a_plo, b_phi), less(b_plo, a_phi)))
-                ok = b.and_(ok, b.icmp_signed("!=", b.or_(a_w, b_w), _i(0)))
-                if not in_run:
-                    ok = b.and_(ok, b.and_(b.icmp_signed("<=", b.get(t_lo, ib), ia), less(ia, b.get(t_hi, ib))))
-                with b.if_then(ok):
-                    at = b.load(found)
-                    with b.if_then(less(at, cap)):
-                        b.store(ga, b.at(out, b.mul(at, _i(2))))
-                        b.store(gb, b.at(out, b.add(b.mul(at, _i(2)), _i(1))))
-                    b.store(b.add(at, _i(1)), found)
-
-            with b.if_then(b.icmp_signed("!=", time, _i(0))):
-                with b.if_else(b.icmp_signed("<=", time, b.load(in_space))) as (by_time, by_space):
-                    with by_time, b.loop(_i(0), nb) as j:
-                        owner = side(b.add(sb, j))
-                        with b.loop(b.get(t_lo, j), b.get(t_hi, j)) as k:
-                            keep(k, j, b_side=owner, in_run=True)
-                    with by_space:
-                        with b.loop(_i(0), nb) as j:
-                            owner = side(b.add(sb, j))
-                            with b.loop(b.get(s1_lo, j), b.get(s1_hi, j)) as k:
-                                keep(b.get(by_lo, b.add(sa, k)), j, b_side=owner)
-                        with b.loop(_i(0), na) as i:
-                            owner = side(b.add(sa, i))
-                            with b.loop(b.get(s2_lo, i), b.get(s2_hi, i)) as k:
-                                keep(i, b.get(by_lo, b.add(sb, k)), a_side=owner)
+    with b.loop(_i(0), queues) as qb:
+        sb = b.get(qstart, qb)
+        nb = b.sub(b.get(qstart, b.add(qb, _i(1))), sb)
+        with b.loop(_i(0), queues) as qa:
+            b.store(_i(0), b.at(seen_at, qa))
+            b.store(_i(0), b.at(ranked_at, qa))
+        with b.loop(_i(0), b.mul(queues, buckets)) as k:
+            b.store(_i(0), b.at(lo_at, k))
+            b.store(_i(0), b.at(hi_at, k))
+        with b.loop(_i(0), nb) as j:
+            gb = b.add(sb, j)
+            row = b.mul(b.get(instr, gb), nq)
+            b_lo, b_hi, b_plo, b_phi, b_w = side(gb)
+            kb, kb_last = b.get(first_bucket, gb), b.get(last_bucket, gb)
+            with b.loop(_i(0), queues) as qa:
+                writing = b.icmp_signed("!=", b.or_(b.get(writes, qa), b.get(writes, qb)), _i(0))
+                with b.if_then(b.and_(b.icmp_signed("!=", qa, qb), writing)):
+                    sa = b.get(qstart, qa)
+                    na = b.sub(b.get(qstart, b.add(qa, _i(1))), sa)
+                    lo = _walk(b, pos, sa, na, b.get(clock, b.add(row, b.get(qid, qa))), b.at(seen_at, qa),
+                               right=False)
+                    hi = _walk(b, rank, sa, na, b.get(rank, gb), b.at(ranked_at, qa), right=False)
+                    with b.if_then(less(lo, hi)), b.loop(kb, b.add(kb_last, _i(1))) as k:
+                        at = b.add(b.mul(qa, buckets), k)
+                        start = b.get(bucket_start, at)
+                        size = b.sub(b.get(bucket_start, b.add(at, _i(1))), start)
+                        first = _walk(b, bucket_member, start, size, lo, b.at(lo_at, at), right=False)
+                        last = _walk(b, bucket_member, start, size, hi, b.at(hi_at, at), right=False)
+                        with b.loop(b.add(start, first), b.add(start, last)) as p:
+                            ga = b.add(sa, b.get(bucket_member, p))
+                            ka = b.get(first_bucket, ga)
+                            a_lo, a_hi, a_plo, a_phi, a_w = side(ga)
+                            ok = b.icmp_signed("==", k, b.select(less(kb, ka), ka, kb))
+                            ok = b.and_(ok, b.and_(b.and_(less(a_lo, b_hi), less(b_lo, a_hi)),
+                                                   b.and_(less(a_plo, b_phi), less(b_plo, a_phi))))
+                            ok = b.and_(ok, b.icmp_signed("!=", b.or_(a_w, b_w), _i(0)))
+                            with b.if_then(ok):
+                                n = b.load(found)
+                                with b.if_then(less(n, cap)):
+                                    b.store(ga, b.at(out, b.mul(n, _i(2))))
+                                    b.store(gb, b.at(out, b.add(b.mul(n, _i(2)), _i(1))))
+                                b.store(b.add(n, _i(1)), found)
     b.ret(b.load(found))
 
 
@@ -277,7 +250,7 @@ class _Native:
             return kind(self._engine.get_function_address(name))
         self.clocks = function("trnc_clocks", 9)
         self.order = function("trnc_order", 12)
-        self.pairs = function("trnc_pairs", 4 + len(PAIR_ARGS))
+        self.pairs = function("trnc_pairs", 5 + len(PAIR_ARGS))
 
 
 _native: _Native | None = None
@@ -354,10 +327,10 @@ def execution_order(queue_members: list[np.ndarray], wait_first: np.ndarray, wai
 def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str, np.ndarray],
                clock: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(accesses of a, accesses of b) of the race candidates of one memory: trnc_pairs (see _pairs_ir) over
-    `columns` (PAIR_ARGS[2:15]: `writes` per queue, the others per access, grouped by queue), with the clock rows
+    `columns` (PAIR_ARGS[2:11]: `writes` per queue, the others per access, grouped by queue), with the clock rows
     of the accesses' instructions and the ordering's queue id of each group."""
     queue_start, queue_id = _ints(queue_start, queue_id)
-    arrays = dict(zip(PAIR_ARGS[2:15], _ints(*(columns[name] for name in PAIR_ARGS[2:15]))))
+    arrays = dict(zip(PAIR_ARGS[2:11], _ints(*(columns[name] for name in PAIR_ARGS[2:11]))))
     clock = np.ascontiguousarray(clock, dtype=np.int64)
     queues = len(queue_id)
     if len(queue_start) != queues + 1:
@@ -365,27 +338,55 @@ def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str,
     accesses, sizes = int(queue_start[-1]), np.diff(queue_start)
     if queue_start[0] != 0 or np.any(sizes < 0) or len(arrays["writes"]) != queues or clock.ndim != 2:
         raise ValueError("queue groups do not cover the accesses")
-    for name in PAIR_ARGS[3:15]:
+    for name in PAIR_ARGS[3:11]:
         if len(arrays[name]) != accesses:
             raise ValueError(f"{name} has {len(arrays[name])} values for {accesses} accesses")
     _within(queue_id, 0, clock.shape[1], "queue")
     _within(arrays["instr"], 0, len(clock), "instruction")
-    local_size = np.repeat(sizes, sizes)
-    for name in ("by_lo", "by_hi"):
-        if np.any((arrays[name] < 0) | (arrays[name] >= local_size)):
-            raise ValueError(f"{name} out of its queue")
-    scratch = [np.zeros(max(int(sizes.max(initial=0)), 1), dtype=np.int64) for _ in range(6)]
+    buckets, bucket_columns = _buckets(sizes, arrays["blo"], arrays["bhi"])
     addresses = [queue_start.ctypes.data, queue_id.ctypes.data,
-                 *(arrays[name].ctypes.data for name in PAIR_ARGS[2:15]), clock.ctypes.data,
-                 *(a.ctypes.data for a in scratch)]
+                 *(arrays[name].ctypes.data for name in PAIR_ARGS[2:11]), clock.ctypes.data,
+                 *(a.ctypes.data for a in bucket_columns)]
     cap = 4096
     while True:
         out = np.empty(2 * cap, dtype=np.int64)
-        found = _functions().pairs(queues, clock.shape[1], out.ctypes.data, cap, *addresses)
+        found = _functions().pairs(queues, clock.shape[1], buckets, out.ctypes.data, cap, *addresses)
         if found <= cap:
             pairs = out[:2 * found].reshape(-1, 2)
             return pairs[:, 0], pairs[:, 1]
         cap = found
+
+
+def _buckets(sizes: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> tuple[int, list[np.ndarray]]:
+    """The byte buckets of trnc_pairs: (bucket count, [first_bucket, last_bucket, bucket_start, bucket_member, and
+    the pointers seen_at, ranked_at, lo_at and hi_at]).
+    A bucket is a power of two of bytes, at least the median range, doubled until the accesses cover at most
+    4 buckets each on average and there are not many more buckets than accesses."""
+    n, queues = len(blo), len(sizes)
+    base = int(blo.min(initial=0))
+    width = 1 << max(int(np.median(bhi - blo)) - 1, 0).bit_length() if n else 1
+    while True:
+        first = (blo - base) // width
+        last = np.maximum((bhi - 1 - base) // width, first)
+        count = last - first + 1
+        buckets = int(last.max(initial=0)) + 1
+        if int(count.sum()) <= 4 * n + 64 and buckets <= 4 * n + 64:
+            break
+        width *= 2
+    owner = np.repeat(np.arange(n), count)
+    bucket = first[owner] + np.arange(len(owner)) - np.repeat(_starts(count), count)
+    group = np.repeat(np.arange(queues), sizes)[owner]
+    local = owner - np.repeat(_starts(sizes), sizes)[owner]
+    key = group * buckets + bucket
+    order = np.lexsort((local, key))
+    start = np.zeros(queues * buckets + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key, minlength=queues * buckets), out=start[1:])
+    return buckets, [*_ints(first, last, start, local[order]), *(np.zeros(k, dtype=np.int64) for k in (
+        queues, queues, queues * buckets, queues * buckets))]
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    return np.cumsum(counts) - counts
 
 
 def _check_first(first: np.ndarray, n: int, total: int) -> None:

@@ -1,10 +1,11 @@
 """The operand table of a program: every present AP operand of every instruction as one row of int64 columns.
 
-Built once per Program (`operand_table(program)`, kept while the program lives) by one pass over the
-instructions, and shared by the passes that read every operand: the verifier's place rules and race check
-(isa/verify.py, isa/races.py) and the JIT loader's argument words (runtime/jit/executor.py). What they compute
-per operand (byte ranges, footprints, places) is then numpy over all rows at once instead of Python per
-operand, which was most of what loading a 100k-instruction program cost.
+Built once per Program (`operand_table(program)`, kept while the program lives) by joining the rows its
+instructions carry (Instruction.operand_rows, packed as each is made from its APs' AP.row), and shared by the
+passes that read every operand: the verifier's place rules and race check (isa/verify.py, isa/races.py) and
+the JIT loader's argument words (runtime/jit/executor.py). What they compute per operand (byte ranges,
+footprints, places) is then numpy over all rows at once instead of Python per operand, which was most of what
+loading a 100k-instruction program cost.
 
 Rows follow the instructions in order and, within one, `Instruction.operands()` order. A program with an
 ill-formed instruction or an operand that is not an AP of integer fields (which the verifier reports per
@@ -14,21 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from itertools import chain
-from operator import attrgetter
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
+from typing import Sequence
 
 import numpy as np
 
-from trnc.isa.ap import MAX_FREE_DIMS, AP, Mem
-from trnc.isa.decoding import no_gc
+from trnc.isa.ap import ROW_FIELDS, ROW_WORDS, AP, Mem
 from trnc.isa.dtypes import DType
-from trnc.isa.opcodes import opspec
+from trnc.isa.program import OPERAND_PREFIX_WORDS
 
-# The integer columns read from AP attributes of the same meaning (besides mem, dtype and dims).
-_AP_FIELDS = {"partitions": "partitions", "start": "start_partition", "offset": "offset",
-              "tensor": "tensor", "pstride": "partition_stride"}
+_WORDS = OPERAND_PREFIX_WORDS + ROW_WORDS   # of an operand row
 _ITEMSIZE = np.zeros(max(d.code for d in DType) + 1, dtype=np.int64)   # by DType code
 _ITEMSIZE[[d.code for d in DType]] = [d.itemsize for d in DType]
 
@@ -37,7 +35,7 @@ _ITEMSIZE[[d.code for d in DType]] = [d.itemsize for d in DType]
 class OperandTable:
     """Columns over the operand rows; `first[i]:first[i + 1]` are instruction i's rows."""
 
-    aps: list[AP]
+    instructions: Sequence   # the instructions, for their operands' APs (OperandTable.ap)
     instr: np.ndarray
     slot: np.ndarray        # position among the instruction's present operands
     field: np.ndarray       # position among the instruction's fields
@@ -56,7 +54,16 @@ class OperandTable:
     first: np.ndarray       # [instructions + 1]
 
     def __len__(self) -> int:
-        return len(self.aps)
+        return len(self.instr)
+
+    def ap(self, row: int) -> AP:
+        """The AP of a row."""
+        return self.instructions[self.instr[row]].args[self.field[row]][1]
+
+    @property
+    def aps(self) -> list[AP]:
+        """The AP of every row."""
+        return [self.ap(row) for row in range(len(self))]
 
     @cached_property
     def extent(self) -> tuple[np.ndarray, np.ndarray]:
@@ -142,70 +149,21 @@ def operand_table(program) -> OperandTable:
 
 
 def build(instructions) -> OperandTable:
-    """The table of the operands of a sequence of instructions: one Python pass lists them, and each field of
-    the distinct AP objects becomes a column by C-level iteration (operator.attrgetter into np.fromiter).
-    A decoded program shares one object per distinct AP (isa/decoding.py), so each is read once; a compiled one
-    has an object per operand."""
-    rows: list[int] = []   # per operand: instruction, slot, field, write, index of its AP object in `distinct`
-    aps: list[AP] = []
-    first = [0]
-    distinct: dict[int, int] = {}   # id(ap) -> index: the instructions keep every AP alive meanwhile
-    ap_fields: dict[str, tuple] = {}   # opcode -> (position, name, written) of its AP fields
-    with no_gc(), _ill_formed_is_type_error():
-        for i, ins in enumerate(instructions):
-            fields = ap_fields.get(ins.opcode)
-            if fields is None:
-                fields = ap_fields[ins.opcode] = opspec(ins.opcode).ap_slots
-            args, slot = ins.args, 0
-            for field, name, write in fields:
-                if args[field][0] != name:
-                    raise KeyError(f"{ins.opcode}'s fields are not in table order")
-                ap = args[field][1]
-                if ap is not None:
-                    rows += (i, slot, field, write, distinct.setdefault(id(ap), len(distinct)))
-                    aps.append(ap)
-                    slot += 1
-            first.append(len(aps))
-        index = np.array(rows, dtype=np.int64).reshape(-1, 5).T
-        unique = np.zeros(len(distinct), dtype=np.int64)
-        unique[index[4]] = np.arange(len(aps))   # an operand row of each distinct AP object
-        columns = {name: column[index[4]] for name, column in _unpack([aps[r] for r in unique.tolist()]).items()}
-    return OperandTable(aps, index[0], index[1], index[2], index[3].astype(bool), **columns,
-                        first=np.array(first, dtype=np.int64))
-
-
-def _unpack(aps: list) -> dict[str, np.ndarray]:
-    """The AP columns of OperandTable; TypeError unless every AP is one of at most MAX_FREE_DIMS free dims with
-    integer fields. Each AP is read once, by one attrgetter, and each field then converted as one sequence."""
-    if not aps:
-        return _unpack([AP(Mem.SBUF, DType.FP32, 1, ())])   # columns of the right shapes; build takes no row
-    if not set(map(type, aps)) <= {AP}:
-        raise TypeError("an operand is not an access pattern")
-    mem, *values, dims, dtypes = zip(*map(attrgetter("mem", *_AP_FIELDS.values(), "dims", "dtype"), aps))
-    if not set(map(type, mem)) <= {Mem} or not set(map(type, dtypes)) <= {DType}:
-        raise TypeError("an access pattern's memory or dtype is not a Mem or DType")
-    columns = {name: _ints(column) for name, column in zip(_AP_FIELDS, values)}
-    columns["mem"] = _ints(mem)
-    columns["dtype"] = _ints(map(attrgetter("code"), dtypes))
-    columns["itemsize"] = _ITEMSIZE[columns["dtype"]]
-    ndims = columns["ndims"] = _ints(map(len, dims))
-    if ndims.max() > MAX_FREE_DIMS:
-        raise TypeError(f"an access pattern has more than {MAX_FREE_DIMS} free dims")
-    pairs = _ints(chain.from_iterable(chain.from_iterable(dims))).reshape(-1, 2)
-    owner = np.repeat(np.arange(len(aps)), ndims)
-    at = np.arange(len(owner)) - np.repeat(np.cumsum(ndims) - ndims, ndims)
-    columns["strides"] = np.zeros((len(aps), MAX_FREE_DIMS), dtype=np.int64)
-    columns["counts"] = np.ones((len(aps), MAX_FREE_DIMS), dtype=np.int64)
-    columns["strides"][owner, at], columns["counts"][owner, at] = pairs[:, 0], pairs[:, 1]
-    return columns
-
-
-def _ints(values) -> np.ndarray:
-    """int64 of Python or numpy integers (np.fromiter would truncate a float silently)."""
-    values = values if isinstance(values, tuple) else tuple(values)
-    if any(t is bool or not issubclass(t, (int, np.integer)) for t in set(map(type, values))):
-        raise TypeError("an access pattern field is not an integer")
-    return np.fromiter(values, dtype=np.int64, count=len(values))
+    """The table of the operands of a sequence of instructions: the rows each carries (Instruction.operand_rows),
+    joined, touching each instruction once; TypeError when one has none."""
+    instructions = instructions if isinstance(instructions, (list, tuple)) else list(instructions)
+    with _ill_formed_is_type_error():
+        rows = list(map(attrgetter("operand_rows"), instructions))
+        counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // (8 * _WORDS)   # None: TypeError
+    words = np.frombuffer(b"".join(rows), dtype=np.int64).reshape(-1, _WORDS).T.copy()
+    first = np.zeros(len(instructions) + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    instr = np.repeat(np.arange(len(instructions)), counts)
+    columns = dict(zip(ROW_FIELDS, words[OPERAND_PREFIX_WORDS:]))
+    pairs = words[OPERAND_PREFIX_WORDS + len(ROW_FIELDS):].T
+    return OperandTable(instructions, instr, np.arange(len(instr)) - first[instr], words[0], words[1].astype(bool),
+                        **columns, itemsize=_ITEMSIZE[columns["dtype"]], strides=pairs[:, 0::2],
+                        counts=pairs[:, 1::2], first=first)
 
 
 @contextlib.contextmanager

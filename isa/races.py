@@ -35,7 +35,7 @@ Measured (2026-12-03, a 2-core EPYC VM): BERT-large at seq 512 as compiled (95k 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,13 +206,11 @@ class _Accesses:
     bhi: np.ndarray
     rows: np.ndarray    # [4, accesses]: the footprint's first byte (shifted as blo), end byte, row stride, width
     slot: np.ndarray    # position among the instruction's operands, which names the operand in a message
-    aps: Sequence[AP]   # access g's AP is aps[at[g]] (the operand table's list: none is gathered per access)
-    at: np.ndarray
 
     def operand(self, program: Program, g: int) -> tuple[str, AP]:
-        """(field name, AP) of access g; only races found need them."""
-        name = list(program.instructions[self.instr[g]].operands())[self.slot[g]][0]
-        return name, self.aps[self.at[g]]
+        """(field name, AP) of access g; only candidate races need them."""
+        name, ap, _ = list(program.instructions[self.instr[g]].operands())[self.slot[g]]
+        return name, ap
 
 
 def _accesses(program: Program, indices: list[int]) -> _Accesses:
@@ -232,12 +230,12 @@ def _accesses(program: Program, indices: list[int]) -> _Accesses:
     rows[:2] += shift
     return _Accesses(table.instr[at], mem - 1, table.write[at], np.where(hbm, 0, start),
                      np.where(hbm, 1, start + table.partitions[at]), table.byte_range[0][at] + shift,
-                     table.byte_range[1][at] + shift, rows, table.slot[at], table.aps, at)
+                     table.byte_range[1][at] + shift, rows, table.slot[at])
 
 
 def _accesses_per_ap(program: Program, indices: list[int]) -> _Accesses:
     """_accesses for a program without an operand table: footprint() of each distinct AP."""
-    rows, aps = [], []
+    rows = []
     boxes: dict[AP, tuple[int, ...]] = {}
     base = _tensor_base(program).tolist()
     for i in indices:
@@ -254,10 +252,8 @@ def _accesses_per_ap(program: Program, indices: list[int]) -> _Accesses:
                     box = (int(ap.mem is Mem.PSUM), *ap.partition_range(), lo, hi)
                 box = boxes[ap] = (*box, first + shift, end + shift, stride, width)
             rows.append((i, write, slot, *box))
-            aps.append(ap)
     cols = np.array(rows, dtype=np.int64).reshape(-1, 12).T
-    return _Accesses(cols[0], cols[3], cols[1].astype(bool), cols[4], cols[5], cols[6], cols[7], cols[8:], cols[2],
-                     aps, np.arange(len(aps)))
+    return _Accesses(cols[0], cols[3], cols[1].astype(bool), cols[4], cols[5], cols[6], cols[7], cols[8:], cols[2])
 
 
 def _tensor_base(program: Program) -> np.ndarray:
@@ -275,7 +271,7 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
         return []
     queue = ordering.queue[acc.instr]
     found: dict[tuple[int, int], Problem] = {}
-    exact = _ExactTest(acc)
+    exact = _ExactTest(program, acc)
     for ga, gb in _candidates(acc, ordering, queue):
         pair = (int(acc.instr[ga]), int(acc.instr[gb]))
         if pair not in found:
@@ -287,31 +283,26 @@ def find_races(program: Program, ordering: Ordering, indices: list[int],
 
 def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterator[tuple[int, int]]:
     """Pairs (a, b) of access ids on different queues, a ranked before b and not happening before it, whose
-    footprints meet and one of which writes; per memory, in the order of its queue pairs.
+    footprints meet and one of which writes; per memory, in the order of a's access, then b's.
 
-    Two enumerations find a superset (isa/native.py's trnc_pairs walks them): in time, the run of a's that
-    b's clock has not seen and that rank before b; in space, the pairs where one byte range starts inside
-    the other. Both are counted first and the shorter one is walked, so neither a long unsynchronized
-    stretch nor the reuse of one buffer over time alone makes the work quadratic; the footprints' rows
-    then drop column tiles of one matrix.
+    isa/native.py's trnc_pairs finds a superset: for each access b, the a's of another queue that b's clock has
+    not seen and that rank before b, among those sharing a byte bucket with b, then kept when the byte and
+    partition ranges meet. So neither a long unsynchronized stretch nor the reuse of one buffer over time
+    makes the work quadratic; the footprints' rows then drop column tiles of one matrix.
     """
     by = np.lexsort((acc.instr, queue, acc.mem))   # by memory, then queue, then queue order
     for part in np.split(by, np.flatnonzero(np.diff(acc.mem[by])) + 1):
         group = queue[part]
         cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
-        sizes = np.diff(cuts)
-        owner = np.repeat(np.arange(len(sizes)), sizes)
-        local = np.arange(len(part)) - cuts[owner]
-        blo, bhi = acc.blo[part], acc.bhi[part]
-        by_lo, by_hi = np.lexsort((blo, owner)), np.lexsort((bhi, owner))   # within each queue, stable
         columns = {"writes": np.logical_or.reduceat(acc.write[part], cuts[:-1]), "instr": acc.instr[part],
-                   "pos": ordering.pos[acc.instr[part]], "rank": ordering.rank[acc.instr[part]], "blo": blo, "bhi": bhi,
-                   "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part], "by_lo": local[by_lo],
-                   "by_hi": local[by_hi], "sorted_lo": blo[by_lo], "sorted_hi": bhi[by_hi]}
+                   "pos": ordering.pos[acc.instr[part]], "rank": ordering.rank[acc.instr[part]], "blo": acc.blo[part],
+                   "bhi": acc.bhi[part], "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part]}
         ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, ordering.clock)
         ga, gb = part[ia], part[ib]
         meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
-        yield from zip(ga[meet].tolist(), gb[meet].tolist(), strict=True)
+        ga, gb = ga[meet], gb[meet]
+        by = np.lexsort((gb, ga))   # in access order, whatever order the walk found them in
+        yield from zip(ga[by].tolist(), gb[by].tolist(), strict=True)
 
 
 def byte_addresses(ap: AP) -> np.ndarray | None:
@@ -486,12 +477,12 @@ def footprint_columns(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class _ExactTest:
     """The exact overlap test of two accesses, caching the byte addresses of each AP (loops reuse them)."""
 
-    def __init__(self, acc: _Accesses):
-        self.acc = acc
+    def __init__(self, program: Program, acc: _Accesses):
+        self.program, self.acc = program, acc
         self.cache: dict[AP, np.ndarray | None] = {}
 
     def _bytes(self, g: int) -> np.ndarray | None:
-        ap = self.acc.aps[self.acc.at[g]]
+        ap = self.acc.operand(self.program, g)[1]
         if ap not in self.cache:
             self.cache[ap] = byte_addresses(ap)
         return self.cache[ap]

@@ -1,22 +1,20 @@
 """The sync table of a program: each instruction's queue and its semaphore waits and signals as int64 columns.
 
 What the ordering rules read (isa/races.py's happens-before order) and what decides the runtimes' execution
-order (runtime/reference.py), taken from the instructions in one pass and kept with the program while it
-lives, as isa/operand_table.py keeps the operands. Waits and signals are flattened in program order (and each
-instruction's own order), with row starts per instruction.
+order (runtime/reference.py), joined from the rows the instructions carry (Instruction.sync_row) and kept with
+the program while it lives, as isa/operand_table.py keeps the operands. Waits and signals are flattened in
+program order (and each instruction's own order), with row starts per instruction.
 """
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
 from trnc.isa.ap import Engine, queue_name
-from trnc.isa.decoding import no_gc
 from trnc.isa.program import Program
 
 
@@ -58,47 +56,42 @@ def sync_table(program: Program) -> SyncTable:
     entry = _tables.get(key)
     if entry is not None and entry[0]() is program:
         return entry[1]
-    with no_gc():
-        table = _build(program.instructions)
+    table = _build(program.instructions)
     _tables[key] = (weakref.ref(program, lambda _, key=key: _tables.pop(key, None)), table)
     return table
 
 
 def _build(instructions) -> SyncTable:
-    engines, queues, waits, signals = zip(*map(attrgetter("engine", "queue", "waits", "signals"), instructions)) \
-        if len(instructions) else ((), (), (), ())
-    if not set(map(type, engines)) <= {Engine}:
-        raise TypeError("an instruction's engine is not an Engine")
-    engine = _ints(engines)
-    queue_values, queue = np.unique(_ints(queues), return_inverse=True)
+    """From the rows the instructions carry (Instruction.sync_row), joined: engine, queue, wait count, signal
+    count, the waits' (semaphore, value) words and the signals'."""
+    rows = list(map(attrgetter("sync_row"), instructions))
+    if None in rows:
+        raise TypeError("a queue, wait or signal is not an integer (or a wait not a pair, an engine not an Engine)")
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // 8
+    words = np.frombuffer(b"".join(rows), dtype=np.int64)
+    at = _first(lengths)[:-1]
+    engine, queue, wait_counts, signal_counts = (words[at + k] for k in range(4))
+    waits = words[_spans(at + 4, 2 * wait_counts)]
+    queue_values, queue = np.unique(queue, return_inverse=True)
     pairs, first, inverse = np.unique(queue.reshape(-1) * len(Engine) + engine, return_index=True,
                                       return_inverse=True)
     # queue names (a compute engine's ignores the queue field) numbered in order of first use
     pair_names = [queue_name(Engine(int(p % len(Engine))), int(queue_values[p // len(Engine)])) for p in pairs]
     name_first: dict[str, int] = {}
-    for name, at in zip(pair_names, first.tolist()):
-        name_first[name] = min(at, name_first.get(name, at))
+    for name, at_first in zip(pair_names, first.tolist()):
+        name_first[name] = min(at_first, name_first.get(name, at_first))
     names = tuple(sorted(name_first, key=name_first.get))
     pair_queue = np.array([names.index(name) for name in pair_names], dtype=np.int64)
-    wait_counts = _ints(map(len, waits))
-    if not set(map(len, chain.from_iterable(waits))) <= {2}:
-        raise TypeError("a wait is not a (semaphore, value) pair")
-    flat = _ints(chain.from_iterable(chain.from_iterable(waits)))
-    return SyncTable(pair_queue[inverse.reshape(-1)], names, _first(wait_counts), flat[0::2], flat[1::2],
-                     _first(_ints(map(len, signals))), _ints(chain.from_iterable(signals)))
+    return SyncTable(pair_queue[inverse.reshape(-1)], names, _first(wait_counts), waits[0::2], waits[1::2],
+                     _first(signal_counts), words[_spans(at + 4 + 2 * wait_counts, signal_counts)])
+
+
+def _spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices start, start + 1, ..., start + count - 1 of each span, in order."""
+    return np.repeat(starts - _first(counts)[:-1], counts) + np.arange(int(counts.sum()))
 
 
 def _first(counts: np.ndarray) -> np.ndarray:
     first = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=first[1:])
     return first
-
-
-def _ints(values) -> np.ndarray:
-    values = values if isinstance(values, (list, tuple)) else list(values)
-    if any(t is bool or not issubclass(t, (int, np.integer)) for t in set(map(type, values))):
-        raise TypeError("a queue, wait or signal is not an integer")
-    try:
-        return np.array(values, dtype=np.int64).reshape(-1)
-    except OverflowError:
-        raise TypeError("a queue, wait or signal does not fit 64 bits") from None

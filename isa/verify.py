@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from numbers import Integral, Real
-from operator import itemgetter
+import itertools
+from operator import attrgetter
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from trnc.isa.config import DMA_QUEUES, HwConfig, get_target
 from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import BY_NAME, E8m0, Kind
-from trnc.isa.operand_table import OperandTable, operand_table
+from trnc.isa.operand_table import OperandTable, operand_table, row_ids
 from trnc.isa.program import Instruction, Program
 from trnc.isa.verify_opcodes import (
     Ctx, Problem, engine_limits, features, fsize, listed, psum_bank, spec_dtype, spec_shape,
@@ -298,16 +299,19 @@ def _table(program: Program) -> OperandTable | None:
         return None
 
 
-def _tabled_form_key(ins: Instruction, form: int, plain: dict[str, Callable]) -> tuple:
-    """_form_key from the operand table: its instruction form (each AP operand's field and AP but for its place,
-    and which operands are identical) stands for the AP fields, and the opcode with the field count for the
-    AP fields' names (a table holds only instructions whose AP fields are where the opcode table puts them);
-    `plain` caches per opcode the getter of its other fields' (name, value) pairs."""
-    get = plain.get(ins.opcode)
-    if get is None:
-        positions = [k for k, f in enumerate(BY_NAME[ins.opcode].fields) if f.kind is not Kind.AP]
-        get = plain[ins.opcode] = itemgetter(*positions) if positions else (lambda args: ())
-    return (ins.opcode, ins.engine, ins.queue, form, len(ins.args), get(ins.args))
+def _forms(program: Program, table: OperandTable | None) -> np.ndarray | None:
+    """Per instruction, an id shared by exactly the instructions of one _form_key: the same field row
+    (Instruction.field_row: opcode, engine, queue, field names, every field but the APs) and instruction form of
+    the operand table (each AP operand's field and AP but for its place, and which operands are identical);
+    None when an instruction has no field row or the program no table."""
+    if table is None:
+        return None
+    ids: dict[bytes | None, int] = {}
+    rows = map(attrgetter("field_row"), program.instructions)
+    keys = np.fromiter(map(ids.setdefault, rows, itertools.count()), dtype=np.int64, count=len(program.instructions))
+    if None in ids:
+        return None
+    return row_ids(np.column_stack([keys, table.instruction_forms]))
 
 
 def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
@@ -377,27 +381,10 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     # Once an instruction of a form passes every rule, the others of that form (a kernel's tiles at other
     # offsets) are left to the place rules (place_operand, psum_bank, operand_overlap), checked at the end
     # over the operand table; every rule runs on the ones those might fault.
-    passed: set[tuple] = set()
-    later: list[int] = []
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         table = _table(program)
-        forms = None if table is None else table.instruction_forms.tolist()
-        plain: dict[str, Callable] = {}
-        for i, ins in enumerate(program.instructions):
-            try:
-                key = _form_key(ins) if forms is None else _tabled_form_key(ins, forms[i], plain)
-                seen = key in passed
-            except (TypeError, AttributeError, IndexError):   # unhashable, ill-typed or missing fields: ill-formed
-                key, seen = None, False
-            if seen:
-                later.append(i)
-                continue
-            problems, ok = _instruction(ctx, ins)
-            if not problems and key is not None:
-                passed.add(key)
-            found.extend(Violation(i, rule, msg) for rule, msg in problems)
-            if ok:
-                sound.append(i)
+        forms = _forms(program, table)
+        later = _check_by_key(ctx, found, sound) if forms is None else _check_by_form(ctx, forms, found, sound)
         unsound = set()
         for i in _recheck(ctx, table, later):
             problems, ok = _instruction(ctx, program.instructions[i])
@@ -416,6 +403,47 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
             found.extend(Violation(*p) for p in races.find_races(program, ordering, sound, describe))
     found.sort(key=lambda v: v.index)
     return found
+
+
+def _check_one(ctx: Ctx, i: int, found: list[Violation], sound: list[int]) -> bool:
+    """Every rule on instruction i, its violations added to `found` (and i to `sound` when its operands are well
+    formed); whether it has none."""
+    problems, ok = _instruction(ctx, ctx.program.instructions[i])
+    found.extend(Violation(i, rule, msg) for rule, msg in problems)
+    if ok:
+        sound.append(i)
+    return not problems
+
+
+def _check_by_form(ctx: Ctx, forms: np.ndarray, found: list[Violation], sound: list[int]) -> list[int]:
+    """The first instruction of each form (_forms) fully; of the others, those of a form that passed are returned
+    (for the place rules) and those of a form that failed checked each fully."""
+    ids, leaders = np.unique(forms, return_index=True)
+    passed = np.zeros(len(ids), dtype=bool)
+    for form, i in zip(ids.tolist(), leaders.tolist()):
+        passed[form] = _check_one(ctx, i, found, sound)
+    others = np.ones(len(forms), dtype=bool)
+    others[leaders] = False
+    for i in np.flatnonzero(others & ~passed[forms]).tolist():
+        _check_one(ctx, i, found, sound)
+    return np.flatnonzero(others & passed[forms]).tolist()
+
+
+def _check_by_key(ctx: Ctx, found: list[Violation], sound: list[int]) -> list[int]:
+    """_check_by_form for a program without forms, by each instruction's _form_key in Python."""
+    passed: set[tuple] = set()
+    later: list[int] = []
+    for i, ins in enumerate(ctx.program.instructions):
+        try:
+            key = _form_key(ins)
+            seen = key in passed
+        except (TypeError, AttributeError, IndexError):   # unhashable, ill-typed or missing fields: ill-formed
+            key, seen = None, False
+        if seen:
+            later.append(i)
+        elif _check_one(ctx, i, found, sound) and key is not None:
+            passed.add(key)
+    return later
 
 
 def _recheck(ctx: Ctx, table: OperandTable | None, later: list[int]) -> list[int]:

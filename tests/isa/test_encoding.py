@@ -1,6 +1,7 @@
 """The binary encoding: round trips over generated programs, the documented layout byte for byte, and
 malformed input, which must raise EncodingError naming the byte offset (never another exception, a hang
 or a huge allocation)."""
+import dataclasses
 import math
 import re
 import struct
@@ -337,7 +338,7 @@ def _one(instr, tensors=(_X,), target="trn2") -> Program:
 
 
 def _memset_with(**changes) -> Instruction:
-    return Instruction.make("memset", Engine.DVE, dst=AP(**{**_SBUF.__dict__, **changes}))
+    return Instruction.make("memset", Engine.DVE, dst=dataclasses.replace(_SBUF, **changes))
 
 
 def _with_arg(opcode, engine, name, value, **fields) -> Instruction:
@@ -348,10 +349,10 @@ def _with_arg(opcode, engine, name, value, **fields) -> Instruction:
 ILL_FORMED = [
     ("on-chip AP with a tensor", _one(_memset_with(tensor=0)), "tensor index (on-chip"),
     ("on-chip AP with a partition stride", _one(_memset_with(partition_stride=2)), "partition_stride (on-chip"),
-    ("HBM AP past the tensors", _one(Instruction.make("dma_copy", dst=_SBUF, src=AP(**{**_HBM.__dict__, "tensor": 1}))),
+    ("HBM AP past the tensors", _one(Instruction.make("dma_copy", dst=_SBUF, src=dataclasses.replace(_HBM, tensor=1))),
      "tensor index (the program declares 1 tensors) = 1 is outside [0, 0]"),
-    ("HBM AP with a start partition", _one(Instruction.make("dma_copy", dst=_SBUF, src=AP(
-        **{**_HBM.__dict__, "start_partition": 2}))), "start_partition (HBM"),
+    ("HBM AP with a start partition", _one(Instruction.make("dma_copy", dst=_SBUF, src=dataclasses.replace(
+        _HBM, start_partition=2))), "start_partition (HBM"),
     ("zero partitions", _one(_memset_with(partitions=0)), "partitions = 0"),
     ("zero count", _one(_memset_with(dims=((1, 0),))), "count = 0"),
     ("five dims", _one(_memset_with(dims=((1, 2),) * 5)), "at most 4"),

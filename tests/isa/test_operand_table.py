@@ -107,3 +107,15 @@ def test_row_ids_tell_apart_two_rows_of_one_hash():
     key = np.array([[1, 0], [2, colliding], [1, 0]], dtype=np.uint64).view(np.int64)
     ids = row_ids(key)
     assert ids[0] == ids[2] != ids[1]
+
+
+def test_a_pickled_program_has_the_same_table():
+    """APs and instructions pickle by their fields and make their rows again when loaded."""
+    import pickle
+    program = _program(random.Random(10), 50)
+    copy = pickle.loads(pickle.dumps(program))
+    assert copy == program
+    mine, theirs = build(program.instructions), build(copy.instructions)
+    for name in ("instr", "slot", "field", "write", "mem", "dtype", "partitions", "start", "offset", "tensor",
+                 "pstride", "ndims", "strides", "counts", "first"):
+        assert np.array_equal(getattr(mine, name), getattr(theirs, name)), name

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from trnc.isa import AP, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, get_target
+from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, get_target
 from trnc.isa import verify as verifier
+from trnc.isa.operand_table import operand_table
 
 F32, I32 = DType.FP32, DType.INT32
 TENSORS = (TensorDecl("x", TensorKind.INPUT, F32, (128, 64)), TensorDecl("idx", TensorKind.INPUT, I32, (128, 64)),
@@ -96,3 +97,26 @@ def test_an_on_chip_partition_stride_is_refused_after_an_instruction_of_its_form
     bad = good.replace(args=tuple((k, replace(v, partition_stride=5)) if k == "in1" else (k, v) for k, v in good.args))
     found = verifier.check(Program(TENSORS, (good, bad), TARGET))
     assert [(v.index, v.rule) for v in found] == [(1, "ap-form")]
+
+
+def test_instructions_of_one_form_have_one_form_key():
+    """verify._forms (field rows and the table's instruction forms) is at least as fine as _form_key, what the
+    rules read but places: instructions of one form have equal keys (forms also tell in-place operands apart)."""
+    rng = random.Random(12)
+    instructions = []
+    for _ in range(600):
+        ins = _instruction(rng)
+        if ins.opcode == "tensor_tensor":
+            ins = ins.replace(args=tuple((k, rng.choice((AluOp.ADD, AluOp.MUL))) if k == "op" else (k, v)
+                                         for k, v in ins.args))
+        instructions.append(ins)
+        instructions.append(Instruction.make(   # immediates, an enum and an optional operand, all varied
+            "activation", Engine.ACT, dst=_sbuf(rng, 32, ((1, 64),)), src=_sbuf(rng, 32, ((1, 64),)),
+            func=rng.choice((ActFunc.EXP, ActFunc.TANH)), scale=rng.choice((0.5, 1, 1.0, 2.0)),
+            bias=rng.choice((0.0, 3.0)), bias_ap=rng.choice((None, _sbuf(rng, 32, ((1, 1),))))))
+    program = Program(TENSORS, tuple(instructions), TARGET)
+    forms = verifier._forms(program, operand_table(program)).tolist()
+    keys: dict = {}
+    for ins, form in zip(program.instructions, forms):
+        assert keys.setdefault(form, verifier._form_key(ins)) == verifier._form_key(ins)
+    assert len(set(keys.values())) > 30
