@@ -189,12 +189,26 @@ class _FieldPacker:
     wide: tuple[bool, ...]       # per plain field: an I32X4
     packer: struct.Struct
 
+    @property
+    def words(self) -> dict[str, tuple[int, int]]:
+        """(first word, words) of each field but the APs in the row."""
+        at, found = 3, {}
+        for k, wide in zip(self.plain, self.wide):
+            found[self.names[k]] = (at, 4 if wide else 1)
+            at += found[self.names[k]][1]
+        return found
+
 
 _FIELD_PACKERS = {op.name: _FieldPacker(
     code, tuple(f.name for f in op.fields), tuple(k for k, f in enumerate(op.fields) if f.kind is not Kind.AP),
     tuple(f.kind is Kind.I32X4 for f in op.fields if f.kind is not Kind.AP),
     struct.Struct("<3q" + "".join({Kind.F32: "d", Kind.I32X4: "4q"}.get(f.kind, "q") for f in op.fields
                                   if f.kind is not Kind.AP))) for code, op in enumerate(TABLE)}
+
+
+def field_words(opcode: str, name: str) -> tuple[int, int]:
+    """Where field `name` (not an AP) of `opcode` lies in Instruction.field_row: (first word, words)."""
+    return _FIELD_PACKERS[opcode].words[name]
 
 
 def _field_row(ins: Instruction) -> bytes | None:

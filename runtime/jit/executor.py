@@ -35,14 +35,17 @@ import ctypes
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 
 import numpy as np
 
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
-from trnc.isa.operand_table import OperandTable, build, operand_table
-from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
+from trnc.isa.opcodes import TABLE
+from trnc.isa.operand_table import OperandTable, build, operand_table, row_ids
+from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind, field_words
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
 from trnc import flags
@@ -52,7 +55,8 @@ from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.library import Library
 from trnc.runtime.jit.kernels import (
-    DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, KernelSig, Layout, build_kernel, driver_ir, layout_of, static_value,
+    DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, FieldColumns, KernelSig, Layout, build_kernel, driver_ir, layout_of,
+    static_value,
 )
 from trnc.runtime.reference import execution_order, input_array
 
@@ -133,44 +137,61 @@ class _DriverTable:
 
 
 class _Layout:
-    """The driver steps of a sequence of units (instructions or pieces of them), from their operand table.
+    """The driver steps of a sequence of units (instructions or pieces of them), from their operand table and
+    their field rows (Instruction.field_row).
 
     Kernel and staging depend only on a unit's shape (the table's instruction_forms: per operand its field, form and
-    which earlier operand it repeats; and the opcode's static fields), which many units share: per unit, Python
-    looks up its shape and its dynamic words; the argument blocks (each operand's memory and place, a column
-    of the table, then the dynamic words) and the steps are laid out with numpy for all units at once.
+    which earlier operand it repeats; and the opcode's static fields), which many units share. Per opcode, numpy
+    groups the units by shape and computes their dynamic words (the lowering's FieldColumns); Python makes the
+    kernel of each shape once; the argument blocks (each operand's memory and place, a column of the table, then
+    the dynamic words) and the steps are laid out with numpy for all units at once.
     """
 
     def __init__(self, jit: "JitProgram", units, table: OperandTable):
-        opcodes: dict[str, tuple] = {}   # opcode -> its lowering and the positions of its static fields
-        keys: dict[tuple, int] = {}
+        rows = list(map(attrgetter("field_row"), units))
+        try:
+            lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // 8
+        except TypeError:
+            raise TrncError("JIT: an instruction's fields are ill-formed (verify the program)") from None
+        words, at = np.frombuffer(b"".join(rows), dtype=np.int64), _starts(lengths)
+        code, shape_id = words[at], table.instruction_forms
         self.shapes: list[_Shape] = []
-        kind, dynamic = [], []
-        for unit, shape_id in zip(units, table.instruction_forms.tolist()):
-            found = opcodes.get(unit.opcode)
-            if found is None:
-                found = opcodes[unit.opcode] = _opcode(unit)
-            lowering, statics = found
-            args = unit.args
-            key = (unit.opcode, shape_id, *[args[k][1] for k in statics])
-            at = keys.get(key)
-            if at is None:
-                at = keys[key] = len(self.shapes)
-                self.shapes.append(jit._shape(unit, lowering, list(unit.operands())))
-            kind.append(at)
-            dynamic.append(lowering.dynamics(unit))
+        self.kind = np.zeros(len(rows), dtype=np.int64)
+        self.dynamic_count = np.zeros(len(rows), dtype=np.int64)
+        dynamic: list[tuple[np.ndarray, np.ndarray]] = []   # per opcode: its units, their words [units, count]
+        for opcode_code in np.unique(code).tolist():
+            members = np.flatnonzero(code == opcode_code)
+            opcode = TABLE[opcode_code].name
+            lowering = LOWERINGS.get(opcode)
+            if lowering is None:
+                raise TrncError(f"JIT: opcode {opcode} is not lowered yet; use runtime.reference")
+            fields = words[at[members][:, None] + np.arange(int(lengths[members[0]]))]
+            statics = [fields[:, first:first + count] for first, count in
+                       (field_words(opcode, name) for name in lowering.statics)]
+            shape = row_ids(np.column_stack([shape_id[members], *statics]))
+            for unit in members[np.unique(shape, return_index=True)[1]].tolist():
+                self.shapes.append(jit._shape(units[unit], lowering, list(units[unit].operands())))
+            self.kind[members] = len(self.shapes) - int(shape.max()) - 1 + shape
+            columns = lowering.dynamics(FieldColumns(opcode, fields, partial(_operand_dtypes, table, members)))
+            if columns:
+                self.dynamic_count[members] = len(columns)
+                dynamic.append((members, np.column_stack(columns)))
+        self.dynamic_words = np.zeros(int(self.dynamic_count.sum()), dtype=np.int64)
+        first = _starts(self.dynamic_count)
+        for members, values in dynamic:
+            self.dynamic_words[(first[members][:, None] + np.arange(values.shape[1])).reshape(-1)] = values.reshape(-1)
         hw, mem = jit.hw, table.mem
         partition_bytes = np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition, hw.psum_bytes_per_partition)
         self.number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
         self.place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
-        self.first, self.kind, self.dynamic = table.first, np.array(kind, dtype=np.int64), dynamic
+        self.first = table.first
         self.stage_mem = jit.stage_mem
 
     def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(kernel address, argument block offset in words) of each step, the blocks (int64 words), and the steps
         of each unit: a staging copy per staged read of its shape, then its kernel."""
         operands = np.diff(self.first)
-        dynamics = np.array([len(d) for d in self.dynamic], dtype=np.int64)
+        dynamics = self.dynamic_count
         lengths = 2 * operands + dynamics
         at = _starts(lengths)   # each unit's block
         blocks = np.empty(int(lengths.sum()), dtype=np.int64)
@@ -178,7 +199,7 @@ class _Layout:
         where = np.repeat(at - 2 * self.first[:-1], operands) + 2 * rows
         blocks[where], blocks[where + 1] = self.number, self.place
         blocks[np.repeat(at + 2 * operands - _starts(dynamics), dynamics) + np.arange(dynamics.sum())] = \
-            [w for d in self.dynamic for w in d]
+            self.dynamic_words
         staged = np.array([len(shape.staging) for shape in self.shapes], dtype=np.int64)[self.kind]
         counts = staged + 1
         first_step = _starts(counts)
@@ -199,13 +220,14 @@ class _Layout:
         return address.view(np.int64), block_at, blocks, counts
 
 
-def _opcode(unit: Instruction) -> tuple:
-    """An opcode's lowering and the positions of its static fields among the fields."""
-    lowering = LOWERINGS.get(unit.opcode)
-    if lowering is None:
-        raise TrncError(f"JIT: opcode {unit.opcode} is not lowered yet; use runtime.reference")
-    names = [name for name, _ in unit.args]
-    return lowering, tuple(names.index(f) for f in lowering.statics)
+def _operand_dtypes(table: OperandTable, members: np.ndarray, name: str) -> np.ndarray:
+    """The DType codes of operand `name` of the units `members` (all of one opcode, the operand present in each)."""
+    slots = table.instructions[members[0]].spec.ap_slots
+    position = next(k for k, field_name, _ in slots if field_name == name)
+    rows = np.flatnonzero(table.field == position)
+    row_of = np.full(len(table.first) - 1, -1, dtype=np.int64)
+    row_of[table.instr[rows]] = rows
+    return table.dtype[row_of[members]]
 
 
 def _starts(lengths: np.ndarray) -> np.ndarray:

@@ -28,13 +28,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import opspec
-from trnc.isa.program import Instruction
+from trnc.isa.program import field_words
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -128,18 +129,41 @@ class KernelSig:
 
 
 @dataclass(frozen=True)
+class FieldColumns:
+    """The fields of some instructions of one opcode as columns, from their field rows (Instruction.field_row),
+    with the dtype of each named operand: what a lowering computes its dynamic words from, for all at once."""
+
+    opcode: str
+    words: np.ndarray                              # [instructions, words of the opcode's field row]
+    operand_dtype: Callable[[str], np.ndarray]     # DType codes of the named operand, per instruction
+
+    def int(self, name: str) -> np.ndarray:
+        return self.words[:, field_words(self.opcode, name)[0]]
+
+    def double(self, name: str) -> np.ndarray:
+        """An F32 field as the Python float it was (its row holds the double's bits)."""
+        return self.int(name).view(np.float64)
+
+    def f32(self, name: str) -> np.ndarray:
+        """An F32 field's bits as np.float32 rounds it, the reference's rounding of a Python float."""
+        with np.errstate(over="ignore", invalid="ignore"):   # to inf, and NaN, as np.float32 rounds them
+            return self.double(name).astype(np.float32).view(np.uint32).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class Lowering:
-    """How one opcode becomes kernels: its static fields, its dynamic words (from the instruction), its IR."""
+    """How one opcode becomes kernels: its static fields, its dynamic words (columns, one word per instruction
+    each), its IR."""
 
     statics: tuple[str, ...]
-    dynamics: Callable[[Instruction], tuple[int, ...]]
+    dynamics: Callable[[FieldColumns], tuple[np.ndarray, ...]]
     build: Callable[["KernelBuilder", KernelSig], None]
 
 
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def lowering(opcode: str, statics: tuple[str, ...] = (), dynamics: Callable = lambda ins: ()):
+def lowering(opcode: str, statics: tuple[str, ...] = (), dynamics: Callable = lambda fields: ()):
     """Register the decorated `build(kb, sig)` as the lowering of `opcode`."""
     def register(build):
         LOWERINGS[opcode] = Lowering(statics, dynamics, build)

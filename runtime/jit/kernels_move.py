@@ -6,8 +6,6 @@ dtypes reads fp32 and converts on write through runtime/jit/kernels_values.py, l
 """
 from __future__ import annotations
 
-import functools
-import struct
 
 import numpy as np
 
@@ -16,8 +14,8 @@ from trnc.isa.enums import Rounding
 from trnc.runtime.convert import from_fp32
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, KernelBuilder, KernelSig, Layout, Stream, canonical, flat_stream, i64,
-    lowering, partition_blocks, partition_starts, stream,
+    FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, FieldColumns, KernelBuilder, KernelSig, Layout, Stream, canonical,
+    flat_stream, i64, lowering, partition_blocks, partition_starts, stream,
 )
 
 
@@ -72,7 +70,7 @@ def _copy_is_sr(sig: KernelSig) -> bool:
     return sig.static("rounding") == Rounding.SR and sig.layout("src").dtype is not sig.layout("dst").dtype
 
 
-@lowering("tensor_copy", statics=("rounding",), dynamics=lambda ins: (int(ins["seed"]),))
+@lowering("tensor_copy", statics=("rounding",), dynamics=lambda fields: (fields.int("seed"),))
 def tensor_copy(kb: KernelBuilder, sig: KernelSig) -> None:
     if _copy_is_sr(sig):
         _copy(kb, sig, Rounding.SR, kb.dynamic(0))
@@ -119,16 +117,16 @@ def partition_broadcast(kb: KernelBuilder, sig: KernelSig) -> None:
             move_element(kb, src, sbase, offs[1], dst, dbase, offs[0])
 
 
-def _memset_bits(ins) -> tuple[int, ...]:
+def _memset_bits(fields: FieldColumns) -> tuple[np.ndarray]:
     """The fill value converted once, here, to the dst dtype's storage bits (runtime/convert.py)."""
-    return (_fill_code(struct.pack("<d", ins["value"]), ins["dst"].dtype),)
-
-
-@functools.lru_cache(maxsize=4096)
-def _fill_code(double: bytes, dtype: DType) -> int:
-    """Keyed by the double's bits, so 0.0 and -0.0 (equal as floats) stay apart."""
-    code = from_fp32(np.array(struct.unpack("<d", double), dtype=np.float32), dtype)
-    return int(code.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[dtype.itemsize])[0])
+    with np.errstate(over="ignore", invalid="ignore"):   # to inf, and NaN, as np.float32 rounds them
+        value = fields.double("value").astype(np.float32)
+    dtype = fields.operand_dtype("dst")
+    bits = np.zeros(len(value), dtype=np.int64)
+    for code in np.unique(dtype).tolist():
+        at, target = dtype == code, DType.from_code(code)
+        bits[at] = from_fp32(value[at], target).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[target.itemsize])
+    return (bits,)
 
 
 @lowering("memset", dynamics=_memset_bits)
@@ -152,7 +150,7 @@ def affine_value(kb: KernelBuilder, base, offset):
     return kb.b.trunc(kb.b.add(base, offset), I32)
 
 
-@lowering("iota", statics=("partition_step", "steps"), dynamics=lambda ins: (int(ins["base"]),))
+@lowering("iota", statics=("partition_step", "steps"), dynamics=lambda fields: (fields.int("base"),))
 def iota(kb: KernelBuilder, sig: KernelSig) -> None:
     """dst = base + p * partition_step + sum(i_j * steps_j) in int32 wrapping arithmetic, converted."""
     dst = sig.layout("dst")
@@ -169,7 +167,7 @@ def iota(kb: KernelBuilder, sig: KernelSig) -> None:
 
 
 @lowering("random", statics=("partition_step", "steps"),
-          dynamics=lambda ins: (int(ins["stream"]), int(ins["base"])))
+          dynamics=lambda fields: (fields.int("stream"), fields.int("base")))
 def random(kb: KernelBuilder, sig: KernelSig) -> None:
     """dst = the uniform draw of (seed, stream, counter) for the counter of each element (runtime/convert.py)."""
     dst = sig.layout("dst")

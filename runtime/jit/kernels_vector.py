@@ -7,10 +7,7 @@ accum is written at its end, so an operand that is both read and written sees it
 """
 from __future__ import annotations
 
-import functools
-import struct
 
-import numpy as np
 from llvmlite import ir
 
 from trnc.isa.enums import AluOp
@@ -19,18 +16,6 @@ from trnc.runtime.jit.kernels import (
     F32, KernelBuilder, KernelSig, flat_stream, i64, lowering, partition_blocks, partition_starts, stream,
 )
 from trnc.runtime.jit.kernels_move import affine_stream, affine_value
-
-
-def f32_word(value: float) -> int:
-    """An f32 immediate as the bits of np.float32(value), the reference's rounding of a Python float."""
-    return _f32_bits(struct.pack("<d", value))
-
-
-@functools.lru_cache(maxsize=4096)
-def _f32_bits(double: bytes) -> int:
-    """Keyed by the double's bits, so 0.0 and -0.0 (equal as floats) stay apart."""
-    value = struct.unpack("<d", double)[0]
-    return int(np.array([value], dtype=np.float32).view(np.uint32)[0])
 
 
 def _per_partition(kb: KernelBuilder, sig: KernelSig, name: str, p, immediate: int) -> ir.Value:
@@ -45,7 +30,7 @@ ACCUM_BUFFER = 16384   # most fp32 values of y a block of partitions keeps on th
 FOLD_LANES = 16        # partitions whose sums run side by side: independent chains, each in its own order
 
 
-@lowering("activation", statics=("func",), dynamics=lambda ins: (f32_word(ins["scale"]), f32_word(ins["bias"])))
+@lowering("activation", statics=("func",), dynamics=lambda fields: (fields.f32("scale"), fields.f32("bias")))
 def activation(kb: KernelBuilder, sig: KernelSig) -> None:
     """y = func(fp32(fp32(x * scale) + bias)); dst = convert(y); accum[p] = fp32 sum of y from +0.0 in order.
 
@@ -112,7 +97,7 @@ def tensor_tensor(kb: KernelBuilder, sig: KernelSig) -> None:
 
 
 @lowering("tensor_scalar", statics=("op0", "reverse0", "op1", "reverse1"),
-          dynamics=lambda ins: (f32_word(ins["scalar0"]), f32_word(ins["scalar1"])))
+          dynamics=lambda fields: (fields.f32("scalar0"), fields.f32("scalar1")))
 def tensor_scalar(kb: KernelBuilder, sig: KernelSig) -> None:
     """t = op0(x, s0) (swapped if reverse0); t = op1(t, s1) (swapped if reverse1); dst = convert(t)."""
     dst, src = sig.layout("dst"), sig.layout("src")
@@ -149,7 +134,7 @@ INT_PREDICATES = {AluOp.EQ: "==", AluOp.NE: "!=", AluOp.LT: "<", AluOp.LE: "<=",
 
 
 @lowering("affine_select", statics=("cmp", "partition_step", "steps"),
-          dynamics=lambda ins: (int(ins["base"]), f32_word(ins["fill"])))
+          dynamics=lambda fields: (fields.int("base"), fields.f32("fill")))
 def affine_select(kb: KernelBuilder, sig: KernelSig) -> None:
     """dst = convert(fp32(src) if cmp(base + p*partition_step + sum(i_j*steps_j), 0) else fill)."""
     dst, src = sig.layout("dst"), sig.layout("src")

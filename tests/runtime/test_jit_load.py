@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from trnc.isa import AP, AluOp, DType, Engine, Instruction, Mem
+from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem
 from trnc.isa.operand_table import build
+from trnc.runtime.jit.kernels import FieldColumns
 
 F32, BF16 = DType.FP32, DType.BF16
 
@@ -60,3 +62,26 @@ def test_instructions_share_a_shape_exactly_when_their_defining_keys_agree(seed)
     assert all(len(keys) == 1 for keys in by_id.values())      # one id never covers two keys (no merge)
     assert all(len(shapes) == 1 for shapes in by_key.values())  # one key always gets one id (kernels are reused)
     assert len(by_key) < len(instructions) / 3                  # the pool makes shapes repeat
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_field_columns_round_immediates_as_numpy_rounds_a_python_float():
+    """FieldColumns.f32 (the dynamic word of an F32 field, over all instructions at once) is the bits of
+    np.float32(value), the reference's rounding, on every kind of double: NaN payloads, -0.0, ties, subnormals,
+    overflow; and the memset fill (FieldColumns.double) is the value itself."""
+    rng = np.random.default_rng(21)
+    doubles = np.concatenate([rng.standard_normal(200) * 10.0 ** rng.integers(-45, 40, 200),
+                              np.array([0.0, -0.0, np.inf, -np.inf, 1e39, -1e39, 1.4e-45, 7e-46, 2 ** -149 * 1.5,
+                                        1 + 2 ** -24, 1 + 3 * 2 ** -24])])
+    nans = (np.array([0x7FF8000000000001, 0xFFF0000000000F00, 0x7FF4000020000000], dtype=np.uint64)
+            .view(np.float64))
+    values = [float(v) for v in np.concatenate([doubles, nans])]
+    instructions = [Instruction.make("activation", Engine.ACT, dst=AP(Mem.SBUF, F32, 1, ((1, 1),)),
+                                     src=AP(Mem.SBUF, F32, 1, ((1, 1),)), func=ActFunc.EXP, scale=v, bias=-v)
+                    for v in values]
+    words = np.array([np.frombuffer(ins.field_row, dtype=np.int64) for ins in instructions])
+    fields = FieldColumns("activation", words, lambda name: None)
+    expected = [int(np.array([v], dtype=np.float32).view(np.uint32)[0]) for v in values]
+    assert fields.f32("scale").tolist() == expected
+    assert np.array_equal(fields.double("scale").view(np.uint64), np.array(values).view(np.uint64))
+    assert fields.f32("bias").tolist() == [int(np.array([-v], dtype=np.float32).view(np.uint32)[0]) for v in values]
