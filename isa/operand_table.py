@@ -24,7 +24,7 @@ import numpy as np
 
 from trnc.isa.ap import ROW_FIELDS, ROW_WORDS, AP, Mem
 from trnc.isa.dtypes import DType
-from trnc.isa.program import OPERAND_PREFIX_WORDS
+from trnc.isa.rows import OPERAND_PREFIX_WORDS
 
 _WORDS = OPERAND_PREFIX_WORDS + ROW_WORDS   # of an operand row
 _ITEMSIZE = np.zeros(max(d.code for d in DType) + 1, dtype=np.int64)   # by DType code

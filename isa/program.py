@@ -9,16 +9,14 @@ that must all have count >= value before it starts.
 from __future__ import annotations
 
 import enum
-import struct
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import itemgetter
 from typing import Any, Iterator
 
 from trnc.isa.ap import AP, Engine, queue_name
 from trnc.isa.config import DEFAULT_TARGET
 from trnc.isa.dtypes import DType
-from trnc.isa.opcodes import BY_NAME, TABLE, Kind, OpSpec, opspec
+from trnc.isa.opcodes import Kind, OpSpec, opspec
+from trnc.isa.rows import instruction_rows
 
 
 class TensorKind(enum.IntEnum):
@@ -72,9 +70,10 @@ class Instruction:
     field_row: bytes | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "operand_rows", _operand_rows(self))
-        object.__setattr__(self, "sync_row", _sync_row(self))
-        object.__setattr__(self, "field_row", _field_row(self))
+        operand_rows, sync_row, field_row = instruction_rows(self)
+        object.__setattr__(self, "operand_rows", operand_rows)
+        object.__setattr__(self, "sync_row", sync_row)
+        object.__setattr__(self, "field_row", field_row)
 
     def __reduce__(self):
         """Pickled by its fields, the rows made again when loaded."""
@@ -132,99 +131,6 @@ class Instruction:
     def replace(self, **changes) -> "Instruction":
         from dataclasses import replace
         return replace(self, **changes)
-
-
-# Instruction.operand_rows: per present AP operand, its position among the fields, 1 if written, then AP.row.
-OPERAND_PREFIX_WORDS = 2
-_PREFIX = struct.Struct("<2q")
-_INT64 = {n: struct.Struct(f"<{n}q") for n in range(64)}   # Instruction.sync_row by its length in words
-
-
-def _operand_rows(ins: Instruction) -> bytes | None:
-    """Instruction.operand_rows; None unless the opcode is known, its AP fields are where the opcode table puts
-    them and each is an AP with a row or absent."""
-    try:
-        spec = BY_NAME.get(ins.opcode)
-        if spec is None:
-            return None
-        args, rows = ins.args, []
-        for k, name, write in spec.ap_slots:
-            given, ap = args[k]
-            if given != name:
-                return None
-            if ap is not None:
-                if type(ap) is not AP or ap.row is None:
-                    return None
-                rows += (_PREFIX.pack(k, write), ap.row)
-        return b"".join(rows)
-    except (TypeError, ValueError, IndexError):
-        return None
-
-
-def _sync_row(ins: Instruction) -> bytes | None:
-    """Instruction.sync_row: engine, queue, wait count, signal count, each wait's semaphore and value, each signal;
-    None unless the engine is an Engine, the waits pairs and every number a 64-bit integer (a bool is not one)."""
-    try:
-        waits, signals = ins.waits, ins.signals
-        if type(ins.engine) is not Engine or waits and not set(map(len, waits)) <= {2}:
-            return None
-        values = (ins.queue, *chain.from_iterable(waits), *signals)
-        if bool in set(map(type, values)):
-            return None
-        words = 3 + len(values)
-        packer = _INT64.get(words) or struct.Struct(f"<{words}q")
-        return packer.pack(ins.engine, values[0], len(waits), len(signals), *values[1:])
-    except (TypeError, ValueError, struct.error):
-        return None
-
-
-@dataclass(frozen=True)
-class _FieldPacker:
-    """Instruction.field_row of one opcode: its position in TABLE, engine, queue, then its fields but the APs,
-    each as int64 words (an F32 as its double's bits, an I32X4 as four)."""
-
-    code: int
-    names: tuple[str, ...]
-    plain: tuple[int, ...]       # positions of the fields but the APs
-    wide: tuple[bool, ...]       # per plain field: an I32X4
-    packer: struct.Struct
-
-    @property
-    def words(self) -> dict[str, tuple[int, int]]:
-        """(first word, words) of each field but the APs in the row."""
-        at, found = 3, {}
-        for k, wide in zip(self.plain, self.wide):
-            found[self.names[k]] = (at, 4 if wide else 1)
-            at += found[self.names[k]][1]
-        return found
-
-
-_FIELD_PACKERS = {op.name: _FieldPacker(
-    code, tuple(f.name for f in op.fields), tuple(k for k, f in enumerate(op.fields) if f.kind is not Kind.AP),
-    tuple(f.kind is Kind.I32X4 for f in op.fields if f.kind is not Kind.AP),
-    struct.Struct("<3q" + "".join({Kind.F32: "d", Kind.I32X4: "4q"}.get(f.kind, "q") for f in op.fields
-                                  if f.kind is not Kind.AP))) for code, op in enumerate(TABLE)}
-
-
-def field_words(opcode: str, name: str) -> tuple[int, int]:
-    """Where field `name` (not an AP) of `opcode` lies in Instruction.field_row: (first word, words)."""
-    return _FIELD_PACKERS[opcode].words[name]
-
-
-def _field_row(ins: Instruction) -> bytes | None:
-    """Instruction.field_row; None unless the opcode is known, the fields named as in the table, the engine an
-    Engine and every value of its kind's Python type."""
-    try:
-        packer = _FIELD_PACKERS.get(ins.opcode)
-        args = ins.args
-        if packer is None or type(ins.engine) is not Engine or tuple(map(itemgetter(0), args)) != packer.names:
-            return None
-        values = [args[k][1] for k in packer.plain]
-        if True in packer.wide:
-            values = list(chain.from_iterable(v if wide else (v,) for v, wide in zip(values, packer.wide)))
-        return packer.packer.pack(packer.code, ins.engine, ins.queue, *values)
-    except (TypeError, ValueError, struct.error):
-        return None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
 from trnc.isa.opcodes import TABLE
 from trnc.isa.operand_table import OperandTable, build, operand_table, row_ids
-from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind, field_words
+from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
+from trnc.isa.rows import field_words
 from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
 from trnc import flags

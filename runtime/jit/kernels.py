@@ -35,7 +35,7 @@ from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import opspec
-from trnc.isa.program import field_words
+from trnc.isa.rows import field_words
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()

@@ -182,6 +182,16 @@ def test_fields(ins, words):
     expect(broken(ins), "fields", 2, *words)
 
 
+@pytest.mark.parametrize("name,fields,words", [
+    ("tensor_tensor", {"op": (AluOp.ADD,)}, ["op", "AluOp"]),   # one word once packed, but not an AluOp
+    ("iota", {"steps": [0, 0, 0, 0]}, ["steps", "4 x i32"]),      # four words once packed, but not a tuple
+    ("iota", {"base": 1.0}, ["base", "i32"]),
+])
+def test_an_ill_typed_field_is_refused_after_a_valid_instruction_of_its_opcode(name, fields, words):
+    """The field rows that stand for an instruction's form must not merge it with a valid one."""
+    expect(chain([op(name), with_fields(op(name), **fields)]), "fields", 1, *words)
+
+
 def test_engine():
     expect(broken(op("tensor_tensor").replace(engine=Engine.ACT)), "engine", 2, "tensor_tensor runs on dve, pool",
            "not act")

@@ -1,0 +1,119 @@
+"""The rows an instruction carries: its operands, its sync fields and its other fields packed as int64 words.
+
+An Instruction packs them once, when it is made (Instruction.operand_rows, sync_row, field_row), from its
+APs' own rows (AP.row). The passes that read every instruction of a program then join the rows of all of
+them, touching each instruction once, and read the columns with numpy: the operand table
+(isa/operand_table.py), the sync table (isa/sync_table.py), the verifier's forms and the JIT loader's
+shapes and dynamic words. A row is None when a field is not of its type or place; the verifier then finds
+the problem by its per-instruction rules.
+
+- operand_rows: per present AP operand in field order, its position among the fields, 1 if written, then
+  AP.row.
+- sync_row: engine, queue, wait count, signal count, each wait's semaphore and value, each signal.
+- field_row: the opcode's position in TABLE, engine, queue, then each field but the APs (an F32 as its
+  double's bits, an I32X4 as four words, the others as one).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
+
+from trnc.isa.ap import AP, Engine
+from trnc.isa.opcodes import TABLE, Kind
+
+OPERAND_PREFIX_WORDS = 2
+_FIELD_ROW_HEAD = 3   # words before the fields: opcode, engine, queue
+_SYNC_ROWS = {n: struct.Struct(f"<{n}q") for n in range(4, 64)}   # by length in words
+
+
+@dataclass(frozen=True)
+class _OpcodeRows:
+    """How the instructions of one opcode pack their operand and field rows."""
+
+    code: int                             # position in TABLE
+    names: tuple[str, ...]                # every field's name, in table order
+    aps: tuple[tuple[int, bytes], ...]    # per AP field: its position, and its rows' prefix (position, written)
+    plain: tuple[int, ...]                # positions of the fields but the APs
+    words: dict[str, tuple[int, int]]     # per field but the APs: (first word, words) in the field row
+    wide: tuple[bool, ...] | None         # per field but the APs: one of four words (I32X4); None if none is
+    fields: struct.Struct
+
+
+def _opcode_rows(code: int) -> _OpcodeRows:
+    op = TABLE[code]
+    plain = tuple(k for k, f in enumerate(op.fields) if f.kind is not Kind.AP)
+    words, at = {}, _FIELD_ROW_HEAD
+    for k in plain:
+        words[op.fields[k].name] = (at, 4 if op.fields[k].kind is Kind.I32X4 else 1)
+        at += words[op.fields[k].name][1]
+    formats = "".join({Kind.F32: "d", Kind.I32X4: "4q"}.get(op.fields[k].kind, "q") for k in plain)
+    wide = tuple(op.fields[k].kind is Kind.I32X4 for k in plain)
+    return _OpcodeRows(code, tuple(f.name for f in op.fields),
+                       tuple((k, struct.pack("<2q", k, f.out)) for k, f in enumerate(op.fields) if f.kind is Kind.AP),
+                       plain, words, wide if any(wide) else None, struct.Struct(f"<{_FIELD_ROW_HEAD}q{formats}"))
+
+
+_OPCODES = {op.name: _opcode_rows(code) for code, op in enumerate(TABLE)}
+
+
+def field_words(opcode: str, name: str) -> tuple[int, int]:
+    """Where field `name` (not an AP) of `opcode` lies in field_row: (first word, words)."""
+    return _OPCODES[opcode].words[name]
+
+
+def instruction_rows(ins) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(operand_rows, sync_row, field_row) of an Instruction. The operand and field rows need the opcode known
+    and the fields named as in the table."""
+    try:
+        rows = _OPCODES.get(ins.opcode)
+        args = ins.args
+        if rows is None or tuple(map(itemgetter(0), args)) != rows.names:
+            return None, _sync_row(ins), None
+    except TypeError:   # an unhashable opcode, args not pairs
+        return None, _sync_row(ins), None
+    return _operand_rows(args, rows), _sync_row(ins), _field_row(ins, args, rows)
+
+
+def _operand_rows(args, rows: _OpcodeRows) -> bytes | None:
+    """None unless each AP field holds an AP with a row, or nothing."""
+    found = []
+    for k, prefix in rows.aps:
+        ap = args[k][1]
+        if ap is not None:
+            if type(ap) is not AP or ap.row is None:
+                return None
+            found += (prefix, ap.row)
+    return b"".join(found)
+
+
+def _sync_row(ins) -> bytes | None:
+    """None unless the engine is an Engine, the waits pairs and every number a 64-bit integer (a bool is not)."""
+    engine, queue, waits, signals = ins.engine, ins.queue, ins.waits, ins.signals
+    try:
+        if type(engine) is not Engine or waits and not set(map(len, waits)) <= {2}:
+            return None
+        values = (queue, *chain.from_iterable(waits), *signals) if waits or signals else (queue,)
+        if bool in set(map(type, values)):
+            return None
+        words = 3 + len(values)
+        packer = _SYNC_ROWS.get(words) or struct.Struct(f"<{words}q")
+        return packer.pack(engine, queue, len(waits), len(signals), *values[1:])
+    except (TypeError, ValueError, struct.error):
+        return None
+
+
+def _field_row(ins, args, rows: _OpcodeRows) -> bytes | None:
+    """None unless the engine is an Engine and every value of its kind's Python type."""
+    try:
+        if type(ins.engine) is not Engine:
+            return None
+        values = [args[k][1] for k in rows.plain]
+        if rows.wide is not None:   # an I32X4 must be a tuple, and no other field is one
+            if any(wide != (type(v) is tuple) for v, wide in zip(values, rows.wide)):
+                return None
+            values = list(chain.from_iterable(v if wide else (v,) for v, wide in zip(values, rows.wide)))
+        return rows.fields.pack(rows.code, ins.engine, ins.queue, *values)
+    except (TypeError, ValueError, struct.error):
+        return None
