@@ -20,6 +20,7 @@ from trnc.isa.encoding import (FORMAT_VERSION, MAGIC, RESERVED_NAMES, check_name
                                 _TENSOR_HEAD, _WAIT, _waits_struct)
 from trnc.isa.opcodes import TABLE, Field, Kind
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
+from trnc.isa.rows import checked_rows
 
 _STRIDE_BYTES = struct.calcsize("<" + _AP_DIM.format[1])
 _DTYPES = {d.code: d for d in DType}
@@ -202,7 +203,9 @@ def _decode_instruction(r: _Reader, ntensors: int) -> Instruction:
     words = _waits_struct(nwaits, nsignals).unpack_from(r.data, r.pos) if sync else ()
     r.pos += sync
     waits = tuple(zip(words[:2 * nwaits:2], words[1:2 * nwaits:2]))
-    return Instruction(codec.spec.name, engine, tuple(zip(codec.names, values)), queue, waits, words[2 * nwaits:])
+    args = tuple(zip(codec.names, values))
+    return Instruction.with_rows(codec.spec.name, engine, args, queue, waits, words[2 * nwaits:],
+                                 checked_rows(codec.spec.name, engine, queue, args, words, nwaits, nsignals))
 
 
 @contextlib.contextmanager

@@ -75,6 +75,16 @@ class Instruction:
         object.__setattr__(self, "sync_row", sync_row)
         object.__setattr__(self, "field_row", field_row)
 
+    @classmethod
+    def with_rows(cls, opcode: str, engine: Engine, args: tuple, queue: int, waits: tuple, signals: tuple,
+                  rows: tuple[bytes, bytes, bytes]) -> "Instruction":
+        """An instruction whose rows its maker packed from values it checked (isa/decoding.py, by
+        isa/rows.checked_rows), not packed again."""
+        ins = object.__new__(cls)
+        ins.__dict__.update(opcode=opcode, engine=engine, args=args, queue=queue, waits=waits, signals=signals,
+                            operand_rows=rows[0], sync_row=rows[1], field_row=rows[2])
+        return ins
+
     def __reduce__(self):
         """Pickled by its fields, the rows made again when loaded."""
         return Instruction, (self.opcode, self.engine, self.args, self.queue, self.waits, self.signals)

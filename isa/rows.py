@@ -76,6 +76,23 @@ def instruction_rows(ins) -> tuple[bytes | None, bytes | None, bytes | None]:
     return _operand_rows(args, rows), _sync_row(ins), _field_row(ins, args, rows)
 
 
+def checked_rows(opcode: str, engine: Engine, queue: int, args, sync_words: tuple[int, ...], waits: int,
+                 signals: int) -> tuple[bytes, bytes, bytes]:
+    """instruction_rows of an instruction whose every field its maker has checked (isa/decoding.py): the same
+    rows without the checks. sync_words are its waits' semaphores and values, then its signals."""
+    rows = _OPCODES[opcode]
+    operands = []
+    for k, prefix in rows.aps:
+        ap = args[k][1]
+        if ap is not None:
+            operands += (prefix, ap.row)
+    values = [args[k][1] for k in rows.plain]
+    if rows.wide is not None:
+        values = list(chain.from_iterable(v if wide else (v,) for v, wide in zip(values, rows.wide)))
+    return (b"".join(operands), _sync_packer(4 + len(sync_words)).pack(engine, queue, waits, signals, *sync_words),
+            rows.fields.pack(rows.code, engine, queue, *values))
+
+
 def _operand_rows(args, rows: _OpcodeRows) -> bytes | None:
     """None unless each AP field holds an AP with a row, or nothing."""
     found = []
@@ -97,9 +114,7 @@ def _sync_row(ins) -> bytes | None:
         values = (queue, *chain.from_iterable(waits), *signals) if waits or signals else (queue,)
         if bool in set(map(type, values)):
             return None
-        words = 3 + len(values)
-        packer = _SYNC_ROWS.get(words) or struct.Struct(f"<{words}q")
-        return packer.pack(engine, queue, len(waits), len(signals), *values[1:])
+        return _sync_packer(3 + len(values)).pack(engine, queue, len(waits), len(signals), *values[1:])
     except (TypeError, ValueError, struct.error):
         return None
 
@@ -117,3 +132,7 @@ def _field_row(ins, args, rows: _OpcodeRows) -> bytes | None:
         return rows.fields.pack(rows.code, ins.engine, ins.queue, *values)
     except (TypeError, ValueError, struct.error):
         return None
+
+
+def _sync_packer(words: int) -> struct.Struct:
+    return _SYNC_ROWS.get(words) or struct.Struct(f"<{words}q")

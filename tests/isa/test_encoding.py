@@ -24,6 +24,7 @@ from trnc.isa.encoding import LAYOUT_DOC, MAGIC, encode, f32_bits, f32_value
 from trnc.isa.enums import ActFunc, ReduceOp
 from trnc.isa.opcodes import TABLE, Kind, opspec
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
+from trnc.isa.rows import instruction_rows
 
 # ---------------------------------------------------------------------------------------------
 # Round trips
@@ -36,6 +37,9 @@ def test_decode_inverts_encode(program):
     decoded = decode(data)
     assert_programs_identical(decoded, program)
     assert encode(decoded) == data
+    for ins in decoded.instructions:   # the rows the decoder packs are those the instruction would pack itself
+        assert (ins.operand_rows, ins.sync_row, ins.field_row) == instruction_rows(ins)
+        assert None not in instruction_rows(ins)
 
 
 @pytest.mark.parametrize("spec", TABLE, ids=lambda op: op.name)
