@@ -204,8 +204,10 @@ class _Accesses:
     blo: np.ndarray     # byte range [blo, bhi) within a partition (on chip) or of HBM, where tensors lie
                         # one after the other (tensor t from byte base[t]), so all HBM is one group
     bhi: np.ndarray
-    rows: np.ndarray    # [4, accesses]: the footprint's first byte (shifted as blo), end byte, row stride, width
     slot: np.ndarray    # position among the instruction's operands, which names the operand in a message
+    # [4, len(g)] of accesses g: the footprint's first byte (shifted as blo), end byte, row stride, width; asked
+    # only of the candidates
+    footprints: Callable[[np.ndarray], np.ndarray]
 
     def operand(self, program: Program, g: int) -> tuple[str, AP]:
         """(field name, AP) of access g; only candidate races need them."""
@@ -226,11 +228,14 @@ def _accesses(program: Program, indices: list[int]) -> _Accesses:
     hbm = mem == Mem.HBM
     tensors = len(program.tensors)
     shift = np.where(hbm, _tensor_base(program)[np.where((0 <= tensor) & (tensor < tensors), tensor, tensors)], 0)
-    rows = footprint_table(table, at)
-    rows[:2] += shift
+
+    def footprints(g: np.ndarray) -> np.ndarray:
+        rows = footprint_table(table, at[g])
+        rows[:2] += shift[g]
+        return rows
     return _Accesses(table.instr[at], mem - 1, table.write[at], np.where(hbm, 0, start),
                      np.where(hbm, 1, start + table.partitions[at]), table.byte_range[0][at] + shift,
-                     table.byte_range[1][at] + shift, rows, table.slot[at])
+                     table.byte_range[1][at] + shift, table.slot[at], footprints)
 
 
 def _accesses_per_ap(program: Program, indices: list[int]) -> _Accesses:
@@ -253,7 +258,8 @@ def _accesses_per_ap(program: Program, indices: list[int]) -> _Accesses:
                 box = boxes[ap] = (*box, first + shift, end + shift, stride, width)
             rows.append((i, write, slot, *box))
     cols = np.array(rows, dtype=np.int64).reshape(-1, 12).T
-    return _Accesses(cols[0], cols[3], cols[1].astype(bool), cols[4], cols[5], cols[6], cols[7], cols[8:], cols[2])
+    return _Accesses(cols[0], cols[3], cols[1].astype(bool), cols[4], cols[5], cols[6], cols[7], cols[2],
+                     lambda g: cols[8:, g])
 
 
 def _tensor_base(program: Program) -> np.ndarray:
@@ -299,7 +305,7 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
                    "bhi": acc.bhi[part], "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part]}
         ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, ordering.clock)
         ga, gb = part[ia], part[ib]
-        meet = footprint_columns(acc.rows[:, ga], acc.rows[:, gb])   # e.g. two column tiles of one matrix
+        meet = footprint_columns(acc.footprints(ga), acc.footprints(gb))   # e.g. two column tiles of one matrix
         ga, gb = ga[meet], gb[meet]
         by = np.lexsort((gb, ga))   # in access order, whatever order the walk found them in
         yield from zip(ga[by].tolist(), gb[by].tolist(), strict=True)

@@ -360,8 +360,12 @@ def test_accesses_from_the_table_are_those_of_the_per_ap_path(seed):
     program = any_program(rng, 200)
     indices = sorted(rng.sample(range(200), rng.choice((0, 1, 150, 200))))
     table, per_ap = races._accesses(program, indices), races._accesses_per_ap(program, indices)
-    for column in ("instr", "mem", "write", "plo", "phi", "blo", "bhi", "rows", "slot"):
+    for column in ("instr", "mem", "write", "plo", "phi", "blo", "bhi", "slot"):
         assert getattr(table, column).tolist() == getattr(per_ap, column).tolist(), column
+    every = np.arange(len(table.instr))
+    assert table.footprints(every).tolist() == per_ap.footprints(every).tolist()
+    some = np.array([g for g in every if rng.random() < 0.3], dtype=np.int64)   # asked of a few, in any order
+    assert table.footprints(some[::-1]).tolist() == per_ap.footprints(some[::-1]).tolist()
     assert [table.operand(program, g) for g in range(len(table.instr))] == \
            [per_ap.operand(program, g) for g in range(len(per_ap.instr))]
 
