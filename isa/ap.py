@@ -95,10 +95,13 @@ class AP:
     def __post_init__(self):
         object.__setattr__(self, "row", _pack(self))
 
-    def __reduce__(self):
-        """Pickled by its fields, the row made again when loaded."""
-        return AP, (self.mem, self.dtype, self.partitions, self.dims, self.offset, self.start_partition, self.tensor,
-                    self.partition_stride)
+    def __getstate__(self) -> dict:
+        """Pickled without its row (which is larger than the fields and quicker to make again than to load)."""
+        return {k: v for k, v in self.__dict__.items() if k != "row"}
+
+    def __setstate__(self, state: dict):
+        self.__dict__.update(state)
+        object.__setattr__(self, "row", _pack(self))
 
     @property
     def free_shape(self) -> tuple[int, ...]:

@@ -85,9 +85,13 @@ class Instruction:
                             operand_rows=rows[0], sync_row=rows[1], field_row=rows[2])
         return ins
 
-    def __reduce__(self):
-        """Pickled by its fields, the rows made again when loaded."""
-        return Instruction, (self.opcode, self.engine, self.args, self.queue, self.waits, self.signals)
+    def __getstate__(self) -> dict:
+        """Pickled without its rows (larger than the fields, and quicker to make again than to load)."""
+        return {k: v for k, v in self.__dict__.items() if k not in _ROWS}
+
+    def __setstate__(self, state: dict):
+        self.__dict__.update(state)
+        self.__dict__.update(zip(_ROWS, instruction_rows(self)))
 
     @classmethod
     def make(cls, opcode: str, engine: Engine | None = None, *, queue: int = 0,
@@ -141,6 +145,9 @@ class Instruction:
     def replace(self, **changes) -> "Instruction":
         from dataclasses import replace
         return replace(self, **changes)
+
+
+_ROWS = ("operand_rows", "sync_row", "field_row")   # Instruction's, in instruction_rows' order
 
 
 @dataclass(frozen=True)
