@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from itertools import chain
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +28,6 @@ ROW_FIELDS = ("mem", "dtype", "ndims", "partitions", "start", "offset", "tensor"
 ROW_WORDS = len(ROW_FIELDS) + 2 * MAX_FREE_DIMS
 _ROWS = tuple(struct.Struct(f"<{len(ROW_FIELDS) + 2 * n}q") for n in range(MAX_FREE_DIMS + 1))   # by ndims
 _ROW_PADS = tuple(struct.pack("<2q", 0, 1) * (MAX_FREE_DIMS - n) for n in range(MAX_FREE_DIMS + 1))
-_PAIR = {2}
 
 
 class Mem(enum.IntEnum):
@@ -156,14 +154,27 @@ class AP:
 
 def _pack(ap: AP) -> bytes | None:
     """AP.row (mem and dtype by their codes); None unless mem and dtype are a Mem and a DType, the dims at most
-    MAX_FREE_DIMS pairs and every other field a 64-bit integer."""
+    MAX_FREE_DIMS pairs (unpacked by count, which checks each is a pair) and every other field a 64-bit integer."""
     dims = ap.dims
     try:
         ndims = len(dims)
-        if ndims > MAX_FREE_DIMS or type(ap.mem) is not Mem or type(ap.dtype) is not DType \
-                or ndims and not set(map(len, dims)) <= _PAIR:
+        if ndims > MAX_FREE_DIMS or type(ap.mem) is not Mem or type(ap.dtype) is not DType:
             return None
+        if ndims == 1:
+            (s0, c0), = dims
+            flat = (s0, c0)
+        elif ndims == 2:
+            (s0, c0), (s1, c1) = dims
+            flat = (s0, c0, s1, c1)
+        elif ndims == 3:
+            (s0, c0), (s1, c1), (s2, c2) = dims
+            flat = (s0, c0, s1, c1, s2, c2)
+        elif ndims == 4:
+            (s0, c0), (s1, c1), (s2, c2), (s3, c3) = dims
+            flat = (s0, c0, s1, c1, s2, c2, s3, c3)
+        else:
+            flat = ()
         return _ROWS[ndims].pack(ap.mem, ap.dtype.code, ndims, ap.partitions, ap.start_partition, ap.offset,
-                                 ap.tensor, ap.partition_stride, *chain.from_iterable(dims)) + _ROW_PADS[ndims]
-    except (TypeError, struct.error):
+                                 ap.tensor, ap.partition_stride, *flat) + _ROW_PADS[ndims]
+    except (TypeError, ValueError, struct.error):
         return None

@@ -26,6 +26,7 @@ from trnc.isa.opcodes import TABLE, Kind
 OPERAND_PREFIX_WORDS = 2
 _FIELD_ROW_HEAD = 3   # words before the fields: opcode, engine, queue
 _SYNC_ROWS = {n: struct.Struct(f"<{n}q") for n in range(4, 64)}   # by length in words
+_INT = {int}
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,18 @@ def _sync_row(ins) -> bytes | None:
     """None unless the engine is an Engine, the waits pairs and every number a 64-bit integer (a bool is not)."""
     engine, queue, waits, signals = ins.engine, ins.queue, ins.waits, ins.signals
     try:
-        if type(engine) is not Engine or waits and not set(map(len, waits)) <= {2}:
+        if type(engine) is not Engine:
             return None
-        values = (queue, *chain.from_iterable(waits), *signals) if waits or signals else (queue,)
-        if bool in set(map(type, values)):
+        if len(waits) == 1:   # the most common shape, checked a pair by unpacking
+            (semaphore, value), = waits
+            values = (queue, semaphore, value, *signals)
+        elif not waits:
+            values = (queue, *signals)
+        elif set(map(len, waits)) <= {2}:
+            values = (queue, *chain.from_iterable(waits), *signals)
+        else:
+            return None
+        if not _INT.issuperset(map(type, values)) and bool in set(map(type, values)):
             return None
         return _sync_packer(3 + len(values)).pack(engine, queue, len(waits), len(signals), *values[1:])
     except (TypeError, ValueError, struct.error):
