@@ -16,7 +16,7 @@ from trnc.isa.ap import AP, Engine, queue_name
 from trnc.isa.config import DEFAULT_TARGET
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import Kind, OpSpec, opspec
-from trnc.isa.rows import instruction_rows
+from trnc.isa.rows import instruction_rows, sync_row
 
 
 class TensorKind(enum.IntEnum):
@@ -143,6 +143,12 @@ class Instruction:
                 yield name, ap, out
 
     def replace(self, **changes) -> "Instruction":
+        if changes.keys() <= {"waits", "signals"}:   # the scheduler's: the operand and field rows stay as they are
+            ins = Instruction.with_rows(self.opcode, self.engine, self.args, self.queue,
+                                        changes.get("waits", self.waits), changes.get("signals", self.signals),
+                                        (self.operand_rows, None, self.field_row))
+            ins.__dict__["sync_row"] = sync_row(ins)
+            return ins
         from dataclasses import replace
         return replace(self, **changes)
 

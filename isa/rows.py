@@ -71,10 +71,10 @@ def instruction_rows(ins) -> tuple[bytes | None, bytes | None, bytes | None]:
         rows = _OPCODES.get(ins.opcode)
         args = ins.args
         if rows is None or tuple(map(itemgetter(0), args)) != rows.names:
-            return None, _sync_row(ins), None
+            return None, sync_row(ins), None
     except TypeError:   # an unhashable opcode, args not pairs
-        return None, _sync_row(ins), None
-    return _operand_rows(args, rows), _sync_row(ins), _field_row(ins, args, rows)
+        return None, sync_row(ins), None
+    return _operand_rows(args, rows), sync_row(ins), _field_row(ins, args, rows)
 
 
 def checked_rows(opcode: str, engine: Engine, queue: int, args, sync_words: tuple[int, ...], waits: int,
@@ -106,7 +106,7 @@ def _operand_rows(args, rows: _OpcodeRows) -> bytes | None:
     return b"".join(found)
 
 
-def _sync_row(ins) -> bytes | None:
+def sync_row(ins) -> bytes | None:
     """None unless the engine is an Engine, the waits pairs and every number a 64-bit integer (a bool is not)."""
     engine, queue, waits, signals = ins.engine, ins.queue, ins.waits, ins.signals
     try:

@@ -119,3 +119,15 @@ def test_a_pickled_program_has_the_same_table():
     for name in ("instr", "slot", "field", "write", "mem", "dtype", "partitions", "start", "offset", "tensor",
                  "pstride", "ndims", "strides", "counts", "first"):
         assert np.array_equal(getattr(mine, name), getattr(theirs, name)), name
+
+
+def test_replacing_waits_or_signals_keeps_the_rows_an_instruction_would_pack():
+    from trnc.isa.rows import instruction_rows
+    program = _program(random.Random(11), 40)
+    for k, ins in enumerate(program.instructions):
+        for changed in (ins.replace(waits=((k, 2),)), ins.replace(signals=(3, k)),
+                        ins.replace(waits=((1, 1), (2, 2)), signals=(4,)), ins.replace(waits=((True, 1),)),
+                        ins.replace(args=ins.args, waits=((5, 6),))):
+            assert (changed.operand_rows, changed.sync_row, changed.field_row) == instruction_rows(changed)
+            assert changed == Instruction(changed.opcode, changed.engine, changed.args, changed.queue,
+                                          changed.waits, changed.signals)
