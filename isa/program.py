@@ -70,10 +70,7 @@ class Instruction:
     field_row: bytes | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        operand_rows, sync_row, field_row = instruction_rows(self)
-        object.__setattr__(self, "operand_rows", operand_rows)
-        object.__setattr__(self, "sync_row", sync_row)
-        object.__setattr__(self, "field_row", field_row)
+        self.__dict__.update(zip(_ROWS, instruction_rows(self)))   # frozen: set past __setattr__
 
     @classmethod
     def with_rows(cls, opcode: str, engine: Engine, args: tuple, queue: int, waits: tuple, signals: tuple,

@@ -140,3 +140,17 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
         native.race_pairs(np.array([0]), np.zeros(1), columns, np.zeros((1, 1)))
     with pytest.raises(ValueError, match="accesses"):
         native.race_pairs(np.array([0, 3]), np.zeros(1), columns, np.zeros((1, 1)))
+
+
+def test_race_pairs_over_far_apart_and_huge_byte_ranges():
+    """Byte ranges 2^40 apart and one spanning them all: the buckets widen until few, and every pair is found."""
+    n = 4   # instructions 0, 1 on queue 0 and 2, 3 on queue 1, none waiting: every cross pair is unordered
+    queue = np.array([0, 0, 1, 1])
+    clock = native.clocks(np.arange(n), np.array([-1, 0, -1, 2]), np.zeros(n + 1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), queue, np.array([0, 1, 0, 1]), 2)
+    far = 2 ** 40
+    columns = {"instr": np.arange(n), "blo": np.array([0, far, 8, 0]), "bhi": np.array([4, far + 4, 12, 2 * far]),
+               "plo": np.zeros(n, dtype=np.int64), "phi": np.ones(n, dtype=np.int64), "write": np.array([0, 0, 0, 1]),
+               "writes": np.array([0, 1]), "pos": np.array([0, 1, 0, 1]), "rank": np.arange(n)}
+    ia, ib = native.race_pairs(np.array([0, 2, 4]), np.array([0, 1]), columns, clock)
+    assert sorted(zip(ia.tolist(), ib.tolist())) == [(0, 3), (1, 3)]
