@@ -74,24 +74,18 @@ def instruction_rows(ins) -> tuple[bytes | None, bytes | None, bytes | None]:
             return None, sync_row(ins), None
     except TypeError:   # an unhashable opcode, args not pairs
         return None, sync_row(ins), None
-    return _operand_rows(args, rows), sync_row(ins), _field_row(ins, args, rows)
+    return _operand_rows(args, rows), sync_row(ins), _field_row(ins.engine, ins.queue, args, rows)
 
 
 def checked_rows(opcode: str, engine: Engine, queue: int, args, sync_words: tuple[int, ...], waits: int,
                  signals: int) -> tuple[bytes, bytes, bytes]:
-    """instruction_rows of an instruction whose every field its maker has checked (isa/decoding.py): the same
-    rows without the checks. sync_words are its waits' semaphores and values, then its signals."""
+    """instruction_rows of an instruction whose every field its maker has checked (isa/decoding.py): the sync
+    row straight from its words (its waits' semaphores and values, then its signals), the others without the
+    check of the field names."""
     rows = _OPCODES[opcode]
-    operands = []
-    for k, prefix in rows.aps:
-        ap = args[k][1]
-        if ap is not None:
-            operands += (prefix, ap.row)
-    values = [args[k][1] for k in rows.plain]
-    if rows.wide is not None:
-        values = list(chain.from_iterable(v if wide else (v,) for v, wide in zip(values, rows.wide)))
-    return (b"".join(operands), _sync_packer(4 + len(sync_words)).pack(engine, queue, waits, signals, *sync_words),
-            rows.fields.pack(rows.code, engine, queue, *values))
+    return (_operand_rows(args, rows), _sync_packer(4 + len(sync_words)).pack(engine, queue, waits, signals,
+                                                                              *sync_words),
+            _field_row(engine, queue, args, rows))
 
 
 def _operand_rows(args, rows: _OpcodeRows) -> bytes | None:
@@ -128,17 +122,17 @@ def sync_row(ins) -> bytes | None:
         return None
 
 
-def _field_row(ins, args, rows: _OpcodeRows) -> bytes | None:
+def _field_row(engine, queue, args, rows: _OpcodeRows) -> bytes | None:
     """None unless the engine is an Engine and every value of its kind's Python type."""
     try:
-        if type(ins.engine) is not Engine:
+        if type(engine) is not Engine:
             return None
         values = [args[k][1] for k in rows.plain]
         if rows.wide is not None:   # an I32X4 must be a tuple, and no other field is one
             if any(wide != (type(v) is tuple) for v, wide in zip(values, rows.wide)):
                 return None
             values = list(chain.from_iterable(v if wide else (v,) for v, wide in zip(values, rows.wide)))
-        return rows.fields.pack(rows.code, ins.engine, ins.queue, *values)
+        return rows.fields.pack(rows.code, engine, queue, *values)
     except (TypeError, ValueError, struct.error):
         return None
 
