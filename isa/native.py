@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+from collections.abc import Callable
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -67,11 +68,12 @@ def _function(module: ir.Module, name: str, args: int) -> tuple[ir.Function, _Bu
 
 
 def _clocks_ir(module: ir.Module) -> None:
-    """clocks(n, nq, order, prev, wptr, wsrc, queue, pos, clock): in `order`, each instruction's row of clock is
-    its queue predecessor's, raised to every waited-on instruction's, with its own queue's entry its position + 1."""
-    fn, b = _function(module, "trnc_clocks", 9)
+    """clocks(n, nq, order, prev, wptr, wsrc, queue, pos, clock, ranked, counts): in `order`, each instruction's row
+    of clock is its queue predecessor's, raised to every waited-on instruction's, with its own queue's entry its
+    position + 1; its row of ranked is `counts`, the instructions of each queue placed before it in `order`."""
+    fn, b = _function(module, "trnc_clocks", 11)
     n, nq, *arrays = fn.args
-    order, prev, wptr, wsrc, queue, pos, clock = (b.inttoptr(a, _P) for a in arrays)
+    order, prev, wptr, wsrc, queue, pos, clock, ranked, counts = (b.inttoptr(a, _P) for a in arrays)
     with b.loop(_i(0), n) as r:
         i = b.get(order, r)
         row = b.mul(i, nq)
@@ -86,6 +88,10 @@ def _clocks_ir(module: ir.Module) -> None:
                 mine, theirs = b.at(clock, b.add(row, q)), b.get(clock, b.add(base, q))
                 b.store(b.select(b.icmp_signed(">", theirs, b.load(mine)), theirs, b.load(mine)), mine)
         b.store(b.add(b.get(pos, i), _i(1)), b.at(clock, b.add(row, b.get(queue, i))))
+        with b.loop(_i(0), nq) as q:
+            b.store(b.get(counts, q), b.at(ranked, b.add(row, q)))
+        mine = b.at(counts, b.get(queue, i))
+        b.store(b.add(b.load(mine), _i(1)), mine)
     b.ret(_i(0))
 
 
@@ -151,27 +157,31 @@ def _walk(b: _Builder, hay, base, n, key, at, right: bool):
     return b.load(at)
 
 
-PAIR_ARGS = ("qstart", "qid", "writes", "instr", "pos", "rank", "blo", "bhi", "plo", "phi", "write", "clock",
-             "first_bucket", "last_bucket", "bucket_start", "bucket_member", "seen_at", "ranked_at", "lo_at", "hi_at")
+PAIR_ARGS = ("qstart", "qid", "writes", "instr", "blo", "bhi", "plo", "phi", "write", "clock", "ranked", "qlen",
+             "fa_start", "fa", "first_bucket", "last_bucket", "bucket_start", "bucket_member", "lo_at", "hi_at")
+SCAN_LIMIT = 128   # a time run of at most this many accesses is scanned; a longer one is searched by byte bucket
 
 
 def _pairs_ir(module: ir.Module) -> None:
-    """pairs(queues, nq, buckets, out, cap, *PAIR_ARGS) -> pairs found: isa/races.py's race candidates of one memory.
+    """pairs(qb_first, qb_last, queues, nq, buckets, scan, out, cap, *PAIR_ARGS) -> pairs found: isa/races.py's race
+    candidates of one memory, for the accesses of queues qb_first..qb_last - 1 as the later side b.
 
-    Accesses are grouped by queue (queue g's are [qstart[g], qstart[g + 1]), in queue order). The byte space is
-    cut into `buckets` equal buckets; access x covers buckets first_bucket[x]..last_bucket[x], and queue g's
-    accesses covering bucket k are bucket_member[bucket_start[g * buckets + k]:...], by their position in the
-    queue. For each access j of each queue b and each other queue a, one of the two writing: the run of a's
-    accesses that j's clock has not seen and that rank before j, found in each bucket j covers. The run's ends
-    only move forward along b, so each is a pointer walked on: per queue a (seen_at, ranked_at) and per queue a
-    and bucket (lo_at, hi_at). A pair is kept, once, in the bucket where its byte ranges' overlap starts, when
-    the byte and partition ranges meet and one of the two writes. j's row of the clock is read once for every
-    queue a. The first `cap` pairs kept go to out as (access of a, access of b)."""
-    fn, b = _function(module, "trnc_pairs", 5 + len(PAIR_ARGS))
-    queues, nq, buckets, out_address, cap, *arrays = fn.args
+    Accesses are grouped by queue (queue g's are [qstart[g], qstart[g + 1]), in queue order). For each access j of
+    queue b and each other queue a, one of the two writing, the run of a's accesses that j's clock has not seen and
+    that rank before j is [fa(clock), fa(ranked)) of j's instruction's rows: fa[fa_start[a] + k] is where a's
+    accesses of its instructions from the k-th on start (k clamped to the qlen[a] instructions of a's queue). A run
+    of at most `scan` accesses is scanned. A longer one (queues that rarely synchronize) is searched in the byte
+    buckets j covers: the byte space is cut into `buckets` equal buckets, access x covers buckets
+    first_bucket[x]..last_bucket[x], and a's accesses covering bucket k are bucket_member[bucket_start[a * buckets +
+    k]:...], by access; the run's ends only move forward along b, so each is a pointer walked on per queue a and
+    bucket (lo_at, hi_at); a pair is kept there once, in the bucket where its byte ranges' overlap starts. With
+    `buckets` 0 (none built yet), a longer run returns -1 at once. A pair is kept when the byte and partition ranges
+    meet and one of the two writes. The first `cap` pairs kept go to out as (access of a, access of b)."""
+    fn, b = _function(module, "trnc_pairs", 8 + len(PAIR_ARGS))
+    qb_first, qb_last, queues, nq, buckets, scan, out_address, cap, *arrays = fn.args
     out = b.inttoptr(out_address, _P)
-    (qstart, qid, writes, instr, pos, rank, blo, bhi, plo, phi, write, clock, first_bucket, last_bucket,
-     bucket_start, bucket_member, seen_at, ranked_at, lo_at, hi_at) = (b.inttoptr(a, _P) for a in arrays)
+    (qstart, qid, writes, instr, blo, bhi, plo, phi, write, clock, ranked, qlen, fa_start, fa, first_bucket,
+     last_bucket, bucket_start, bucket_member, lo_at, hi_at) = (b.inttoptr(a, _P) for a in arrays)
     found = b.var(0)
 
     def less(p, q):
@@ -180,48 +190,57 @@ def _pairs_ir(module: ir.Module) -> None:
     def side(g):   # an access's byte range, partition range and write flag
         return [b.get(column, g) for column in (blo, bhi, plo, phi, write)]
 
-    with b.loop(_i(0), queues) as qb:
+    def run_end(qa, counted):   # fa of queue a at `counted` of its instructions, clamped into its table
+        top = b.get(qlen, qa)
+        k = b.select(less(counted, _i(0)), _i(0), b.select(less(top, counted), top, counted))
+        return b.get(fa, b.add(b.get(fa_start, qa), k))
+
+    def keep(ga, gb, meet):
+        with b.if_then(meet):
+            n = b.load(found)
+            with b.if_then(less(n, cap)):
+                b.store(ga, b.at(out, b.mul(n, _i(2))))
+                b.store(gb, b.at(out, b.add(b.mul(n, _i(2)), _i(1))))
+            b.store(b.add(n, _i(1)), found)
+
+    with b.loop(qb_first, qb_last) as qb:
         sb = b.get(qstart, qb)
-        nb = b.sub(b.get(qstart, b.add(qb, _i(1))), sb)
-        with b.loop(_i(0), queues) as qa:
-            b.store(_i(0), b.at(seen_at, qa))
-            b.store(_i(0), b.at(ranked_at, qa))
         with b.loop(_i(0), b.mul(queues, buckets)) as k:
             b.store(_i(0), b.at(lo_at, k))
             b.store(_i(0), b.at(hi_at, k))
-        with b.loop(_i(0), nb) as j:
-            gb = b.add(sb, j)
+        with b.loop(sb, b.get(qstart, b.add(qb, _i(1)))) as gb:
             row = b.mul(b.get(instr, gb), nq)
             b_lo, b_hi, b_plo, b_phi, b_w = side(gb)
-            kb, kb_last = b.get(first_bucket, gb), b.get(last_bucket, gb)
+
+            def meets(ga):
+                a_lo, a_hi, a_plo, a_phi, a_w = side(ga)
+                ok = b.and_(b.and_(less(a_lo, b_hi), less(b_lo, a_hi)), b.and_(less(a_plo, b_phi), less(b_plo, a_phi)))
+                return b.and_(ok, b.icmp_signed("!=", b.or_(a_w, b_w), _i(0)))
+
             with b.loop(_i(0), queues) as qa:
                 writing = b.icmp_signed("!=", b.or_(b.get(writes, qa), b.get(writes, qb)), _i(0))
                 with b.if_then(b.and_(b.icmp_signed("!=", qa, qb), writing)):
-                    sa = b.get(qstart, qa)
-                    na = b.sub(b.get(qstart, b.add(qa, _i(1))), sa)
-                    lo = _walk(b, pos, sa, na, b.get(clock, b.add(row, b.get(qid, qa))), b.at(seen_at, qa),
-                               right=False)
-                    hi = _walk(b, rank, sa, na, b.get(rank, gb), b.at(ranked_at, qa), right=False)
-                    with b.if_then(less(lo, hi)), b.loop(kb, b.add(kb_last, _i(1))) as k:
-                        at = b.add(b.mul(qa, buckets), k)
-                        start = b.get(bucket_start, at)
-                        size = b.sub(b.get(bucket_start, b.add(at, _i(1))), start)
-                        first = _walk(b, bucket_member, start, size, lo, b.at(lo_at, at), right=False)
-                        last = _walk(b, bucket_member, start, size, hi, b.at(hi_at, at), right=False)
-                        with b.loop(b.add(start, first), b.add(start, last)) as p:
-                            ga = b.add(sa, b.get(bucket_member, p))
-                            ka = b.get(first_bucket, ga)
-                            a_lo, a_hi, a_plo, a_phi, a_w = side(ga)
-                            ok = b.icmp_signed("==", k, b.select(less(kb, ka), ka, kb))
-                            ok = b.and_(ok, b.and_(b.and_(less(a_lo, b_hi), less(b_lo, a_hi)),
-                                                   b.and_(less(a_plo, b_phi), less(b_plo, a_phi))))
-                            ok = b.and_(ok, b.icmp_signed("!=", b.or_(a_w, b_w), _i(0)))
-                            with b.if_then(ok):
-                                n = b.load(found)
-                                with b.if_then(less(n, cap)):
-                                    b.store(ga, b.at(out, b.mul(n, _i(2))))
-                                    b.store(gb, b.at(out, b.add(b.mul(n, _i(2)), _i(1))))
-                                b.store(b.add(n, _i(1)), found)
+                    at_queue = b.add(row, b.get(qid, qa))
+                    lo, hi = run_end(qa, b.get(clock, at_queue)), run_end(qa, b.get(ranked, at_queue))
+                    with b.if_else(b.icmp_signed("<=", b.sub(hi, lo), scan)) as (short, long):
+                        with short, b.loop(lo, hi) as ga:
+                            keep(ga, gb, meets(ga))
+                        with long:
+                            with b.if_then(b.icmp_signed("==", buckets, _i(0))):
+                                b.ret(_i(-1))
+                            sa = b.get(qstart, qa)
+                            kb, kb_last = b.get(first_bucket, gb), b.get(last_bucket, gb)
+                            with b.loop(kb, b.add(kb_last, _i(1))) as k:
+                                at = b.add(b.mul(qa, buckets), k)
+                                start = b.get(bucket_start, at)
+                                size = b.sub(b.get(bucket_start, b.add(at, _i(1))), start)
+                                first = _walk(b, bucket_member, start, size, b.sub(lo, sa), b.at(lo_at, at), False)
+                                last = _walk(b, bucket_member, start, size, b.sub(hi, sa), b.at(hi_at, at), False)
+                                with b.loop(b.add(start, first), b.add(start, last)) as p:
+                                    ga = b.add(sa, b.get(bucket_member, p))
+                                    ka = b.get(first_bucket, ga)
+                                    once = b.icmp_signed("==", k, b.select(less(kb, ka), ka, kb))
+                                    keep(ga, gb, b.and_(meets(ga), once))
     b.ret(b.load(found))
 
 
@@ -248,9 +267,9 @@ class _Native:
         def function(name: str, args: int):
             kind = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_int64] * args)
             return kind(self._engine.get_function_address(name))
-        self.clocks = function("trnc_clocks", 9)
+        self.clocks = function("trnc_clocks", 11)
         self.order = function("trnc_order", 12)
-        self.pairs = function("trnc_pairs", 5 + len(PAIR_ARGS))
+        self.pairs = function("trnc_pairs", 8 + len(PAIR_ARGS))
 
 
 _native: _Native | None = None
@@ -275,10 +294,11 @@ def _within(values: np.ndarray, lo: int, hi: int, what: str) -> None:
 
 
 def clocks(order: np.ndarray, prev: np.ndarray, wait_first: np.ndarray, wait_source: np.ndarray,
-           queue: np.ndarray, pos: np.ndarray, queues: int) -> np.ndarray:
-    """Vector clocks [n, queues]: clock[i, q] the number of queue q's instructions that happen before i or are i.
-    `order` is a topological order, prev[i] i's predecessor in its queue (-1 for none) and wait_source[
-    wait_first[i]:wait_first[i + 1]] the instructions i's waits follow."""
+           queue: np.ndarray, pos: np.ndarray, queues: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vector clocks [n, queues]: clock[i, q] the number of queue q's instructions that happen before i or are i;
+    and ranked[i, q], the number of queue q's instructions before i in `order`. `order` is a topological order,
+    prev[i] i's predecessor in its queue (-1 for none) and wait_source[wait_first[i]:wait_first[i + 1]] the
+    instructions i's waits follow."""
     n = len(prev)
     order, prev, wait_first, wait_source, queue, pos = _ints(order, prev, wait_first, wait_source, queue, pos)
     _within(order, 0, n, "order")
@@ -288,11 +308,12 @@ def clocks(order: np.ndarray, prev: np.ndarray, wait_first: np.ndarray, wait_sou
     if len(queue) != n or len(pos) != n or len(order) != n:
         raise ValueError("a queue, a position and a place in the order per instruction")
     _check_first(wait_first, n, len(wait_source))
-    clock = np.zeros((n, queues), dtype=np.int64)
+    clock, ranked = np.zeros((n, queues), dtype=np.int64), np.zeros((n, queues), dtype=np.int64)
+    counts = np.zeros(queues, dtype=np.int64)
     if n:
         _functions().clocks(n, queues, *(a.ctypes.data for a in (order, prev, wait_first, wait_source, queue, pos,
-                                                                    clock)))
-    return clock
+                                                                    clock, ranked, counts)))
+    return clock, ranked
 
 
 def execution_order(queue_members: list[np.ndarray], wait_first: np.ndarray, wait_semaphore: np.ndarray,
@@ -324,42 +345,102 @@ def execution_order(queue_members: list[np.ndarray], wait_first: np.ndarray, wai
     return out[:placed]
 
 
-def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str, np.ndarray],
-               clock: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str, np.ndarray], clock: np.ndarray,
+               ranked: np.ndarray, queue_length: np.ndarray, threads: int = 1,
+               scan_limit: int = SCAN_LIMIT) -> tuple[np.ndarray, np.ndarray]:
     """(accesses of a, accesses of b) of the race candidates of one memory: trnc_pairs (see _pairs_ir) over
-    `columns` (PAIR_ARGS[2:11]: `writes` per queue, the others per access, grouped by queue), with the clock rows
-    of the accesses' instructions and the ordering's queue id of each group."""
-    queue_start, queue_id = _ints(queue_start, queue_id)
-    arrays = dict(zip(PAIR_ARGS[2:11], _ints(*(columns[name] for name in PAIR_ARGS[2:11]))))
-    clock = np.ascontiguousarray(clock, dtype=np.int64)
+    `columns` (`writes` per queue group; `pos`, the access's instruction's position in its queue, and PAIR_ARGS[3:9]
+    per access, grouped by queue), with the rows of clock and ranked (clocks()) of the accesses' instructions, the
+    ordering's queue id of each group and the instruction count of each queue id. Time runs of at most `scan_limit`
+    accesses are scanned, longer ones searched by byte bucket. The groups are shared among up to `threads` threads,
+    which run the native loop at once (ctypes lets go of the GIL)."""
+    queue_start, queue_id, queue_length = _ints(queue_start, queue_id, queue_length)
+    arrays = dict(zip(("writes", "pos", *PAIR_ARGS[3:9]), _ints(*(columns[name] for name in ("writes", "pos",
+                                                                                            *PAIR_ARGS[3:9])))))
+    clock, ranked = np.ascontiguousarray(clock, dtype=np.int64), np.ascontiguousarray(ranked, dtype=np.int64)
     queues = len(queue_id)
     if len(queue_start) != queues + 1:
         raise ValueError("a start per queue group, and the end")
     accesses, sizes = int(queue_start[-1]), np.diff(queue_start)
     if queue_start[0] != 0 or np.any(sizes < 0) or len(arrays["writes"]) != queues or clock.ndim != 2:
         raise ValueError("queue groups do not cover the accesses")
-    for name in PAIR_ARGS[3:11]:
+    if ranked.shape != clock.shape:
+        raise ValueError("a row of ranked per row of clock")
+    for name in ("pos", *PAIR_ARGS[3:9]):
         if len(arrays[name]) != accesses:
             raise ValueError(f"{name} has {len(arrays[name])} values for {accesses} accesses")
     _within(queue_id, 0, clock.shape[1], "queue")
     _within(arrays["instr"], 0, len(clock), "instruction")
-    buckets, bucket_columns = _buckets(sizes, arrays["blo"], arrays["bhi"])
-    addresses = [queue_start.ctypes.data, queue_id.ctypes.data,
-                 *(arrays[name].ctypes.data for name in PAIR_ARGS[2:11]), clock.ctypes.data,
-                 *(a.ctypes.data for a in bucket_columns)]
-    cap = 4096
-    while True:
-        out = np.empty(2 * cap, dtype=np.int64)
-        found = _functions().pairs(queues, clock.shape[1], buckets, out.ctypes.data, cap, *addresses)
-        if found <= cap:
-            pairs = out[:2 * found].reshape(-1, 2)
-            return pairs[:, 0], pairs[:, 1]
-        cap = found
+    if len(queue_length) != clock.shape[1]:
+        raise ValueError("an instruction count per queue")
+    group = np.repeat(np.arange(queues), sizes)
+    lengths = queue_length[queue_id]
+    if np.any(arrays["pos"] < 0) or np.any(arrays["pos"] >= lengths[group]) or np.any(np.diff(arrays["pos"])[
+            np.diff(group) == 0] < 0):
+        raise ValueError("positions outside their queue or out of queue order")
+    fa_start = _starts(lengths + 1)
+    stride = int(lengths.max(initial=0)) + 1
+    fa = np.searchsorted(group * stride + arrays["pos"], np.repeat(np.arange(queues) * stride, lengths + 1)
+                         + np.arange(int((lengths + 1).sum())) - np.repeat(fa_start, lengths + 1))
+    shared = [queue_start, queue_id, *(arrays[name] for name in PAIR_ARGS[2:9]), clock, ranked, lengths, fa_start,
+              *_ints(fa)]
+    cuts = _thread_cuts(sizes, threads)
+    results: list[np.ndarray | None] = [None] * (len(cuts) - 1)
+
+    def walk(part: int, buckets: int, bucket_columns: list[np.ndarray]) -> None:
+        """Part `part`'s pairs into results, or None when it meets a long run and there are no buckets."""
+        pointers = [np.zeros(max(queues * buckets, 1), dtype=np.int64) for _ in range(2)]   # lo_at, hi_at
+        addresses = [a.ctypes.data for a in (*shared, *bucket_columns, *pointers)]
+        cap = 4096
+        while True:
+            out = np.empty(2 * cap, dtype=np.int64)
+            found = _functions().pairs(cuts[part], cuts[part + 1], queues, clock.shape[1], buckets, scan_limit,
+                                       out.ctypes.data, cap, *addresses)
+            if found <= cap:
+                results[part] = out[:2 * found].reshape(-1, 2) if found >= 0 else None
+                return
+            cap = found
+
+    _in_threads(walk, range(len(cuts) - 1), 0, [np.zeros(1, dtype=np.int64)] * 4)
+    unfinished = [part for part, found in enumerate(results) if found is None]
+    if unfinished:   # queues that rarely synchronize: their long runs are searched by byte bucket
+        _in_threads(walk, unfinished, *_buckets(sizes, arrays["blo"], arrays["bhi"]))
+    pairs = np.concatenate(results)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _in_threads(work: Callable[..., None], parts, *args) -> None:
+    """work(part, *args) for each part, the first in this thread and the others each in a thread of its own; the
+    first error any raised is raised again here, once all have ended."""
+    errors: list[BaseException] = []
+
+    def guarded(part: int) -> None:
+        try:
+            work(part, *args)
+        except BaseException as e:   # re-raised below, in the caller's thread
+            errors.append(e)
+    parts = list(parts)
+    helpers = [threading.Thread(target=guarded, args=(part,)) for part in parts[1:]]
+    for helper in helpers:
+        helper.start()
+    if parts:
+        guarded(parts[0])
+    for helper in helpers:
+        helper.join()
+    if errors:
+        raise errors[0]
+
+
+def _thread_cuts(sizes: np.ndarray, threads: int) -> list[int]:
+    """Up to `threads` consecutive ranges of queue groups, cut where the accesses before reach equal shares."""
+    total = np.cumsum(sizes)
+    cuts = [0, *np.searchsorted(total, total[-1] * np.arange(1, threads) / threads).tolist(), len(sizes)] if \
+        len(sizes) else [0, 0]
+    return sorted(set(cuts))
 
 
 def _buckets(sizes: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> tuple[int, list[np.ndarray]]:
-    """The byte buckets of trnc_pairs: (bucket count, [first_bucket, last_bucket, bucket_start, bucket_member, and
-    the pointers seen_at, ranked_at, lo_at and hi_at]).
+    """The byte buckets of trnc_pairs: (bucket count, [first_bucket, last_bucket, bucket_start, bucket_member]).
     A bucket is a power of two of bytes, at least the median range, doubled until the accesses cover at most
     4 buckets each on average and there are not many more buckets than accesses."""
     n, queues = len(blo), len(sizes)
@@ -381,8 +462,7 @@ def _buckets(sizes: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> tuple[int, 
     order = np.lexsort((local, key))
     start = np.zeros(queues * buckets + 1, dtype=np.int64)
     np.cumsum(np.bincount(key, minlength=queues * buckets), out=start[1:])
-    return buckets, [*_ints(first, last, start, local[order]), *(np.zeros(k, dtype=np.int64) for k in (
-        queues, queues, queues * buckets, queues * buckets))]
+    return buckets, _ints(first, last, start, local[order])
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

@@ -12,25 +12,25 @@ Complexity, for N instructions, Q queues in use and A operand accesses:
   (isa/sync_table.py); a topological order costs O(N) when program order already is one (the usual case),
   else O(N log N) (Kahn's algorithm, lowest index first).
 - vector clocks: O(N Q), a row maximum per edge in topological order (isa/native.py's trnc_clocks).
-  HB(a, b) iff clock[b][queue(a)] > position of a in its queue.
-- race candidates, per memory and pair of queues: every pair that can race is found by two enumerations,
-  each a set of contiguous runs located by searches over sorted columns (walking pointers): in time, for
-  each access b the accesses of the other queue that b's clock has not seen and that rank before b (W pairs:
-  about N times the pipelining depth for a synchronized program, N^2 for queues that never synchronize);
-  in space, a sweep over byte ranges sorted by start, pairing each access with those starting inside it
-  (K pairs: small for disjoint buffers, N^2 for one buffer reused all program long, as allocated programs
-  do).
-  Both sizes are counted first and only the smaller is walked and filtered by bounding box and
-  happens-before, in native code (isa/native.py's trnc_pairs, one call per memory): O(A log A + Q^2 A +
-  min(W, K)). The accesses' boxes and footprints are numpy over the program's operand table
-  (isa/operand_table.py); programs the table cannot hold take a per-AP path.
+  HB(a, b) iff clock[b][queue(a)] > position of a in its queue. In the same pass, ranked[b][q]: the number of
+  queue q's instructions before b in the topological order.
+- race candidates, per memory: accesses whose byte range meets no write's (a weight only read) can race with
+  nothing and are left out. For each access b and each other queue, the run of that queue's accesses that b's
+  clock has not seen and that rank before b is found in O(1) (clock[b] and ranked[b], through a table of where
+  each of the queue's instructions' accesses start): about the pipelining depth for a synchronized program. A run
+  of at most native.SCAN_LIMIT accesses is scanned; a longer one (queues that rarely synchronize, where runs grow
+  to N) is searched only in the byte buckets b covers, so reusing one buffer all program long stays linear too.
+  Kept: pairs whose byte and partition ranges meet, one writing; in native code (isa/native.py's trnc_pairs,
+  one call per memory, its queues shared among TRNC_THREADS threads): O(A (Q + SCAN_LIMIT)) for A accesses
+  and Q queues, plus the bucketed pairs. The accesses' boxes and footprints are numpy over the program's
+  operand table (isa/operand_table.py); programs the table cannot hold take a per-AP path.
 - exact test, only for unordered pairs whose boxes overlap: the sorted byte addresses each access
   touches within a partition (on chip) or a tensor (HBM), intersected: O(E log E) in the elements E.
   Interleaved strided accesses have overlapping boxes but no common byte, so boxes alone would report
   false races.
 Measured (2026-12-03, a 2-core EPYC VM): BERT-large at seq 512 as compiled (95k instructions, 20 queues,
-234k operands, 22M candidate pairs walked) verifies in about 1.6 s, the race check 0.4 s of it;
-`benchmarks/bench_host.py --load-at-scale` measures it again.
+234k operands, 22M pairs of accesses scanned) walks its race candidates in about 60 ms on 2 threads;
+`benchmarks/bench_host.py --load-at-scale` measures the whole load path.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trnc import flags
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import SEMAPHORES
 from trnc.isa.operand_table import OperandTable, operand_table
@@ -61,6 +62,7 @@ class Ordering:
     pos: np.ndarray     # position of each instruction within its queue
     rank: np.ndarray    # position of each instruction in a topological order
     clock: np.ndarray   # clock[i, q]: the number of instructions of queue q that happen before i or are i
+    ranked: np.ndarray  # ranked[i, q]: the number of instructions of queue q that rank before i
 
     def happens_before(self, a: int, b: int) -> bool:
         """True when a chain of queue order and semaphore waits leads from instruction a to b (a != b)."""
@@ -88,8 +90,8 @@ def order(program: Program) -> tuple[Ordering | None, list[Problem]]:
         return None, [_cycle(prev, waiting, source, stuck, queue, sync.names)]
     rank = np.empty(n, dtype=np.int64)
     rank[topo] = np.arange(n)
-    clock = native.clocks(topo, prev, sync.wait_first, source, queue, pos, len(sync.names))
-    return Ordering(sync.names, queue, pos, rank, clock), []
+    clock, ranked = native.clocks(topo, prev, sync.wait_first, source, queue, pos, len(sync.names))
+    return Ordering(sync.names, queue, pos, rank, clock, ranked), []
 
 
 def _signal_events(sync: SyncTable) -> tuple[np.ndarray, np.ndarray, list[Problem]]:
@@ -292,23 +294,37 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
     footprints meet and one of which writes; per memory, in the order of a's access, then b's.
 
     isa/native.py's trnc_pairs finds a superset: for each access b, the a's of another queue that b's clock has
-    not seen and that rank before b, among those sharing a byte bucket with b, then kept when the byte and
-    partition ranges meet. So neither a long unsynchronized stretch nor the reuse of one buffer over time
-    makes the work quadratic; the footprints' rows then drop column tiles of one matrix.
+    not seen and that rank before b, kept when the byte and partition ranges meet (a long run searched only in the
+    byte buckets b covers). So neither a long unsynchronized stretch nor the reuse of one buffer over time makes
+    the work quadratic; the footprints' rows then drop column tiles of one matrix.
     """
     by = np.lexsort((acc.instr, queue, acc.mem))   # by memory, then queue, then queue order
     for part in np.split(by, np.flatnonzero(np.diff(acc.mem[by])) + 1):
+        part = part[_meets_a_write(acc.blo[part], acc.bhi[part], acc.write[part])]
+        if not len(part):
+            continue
         group = queue[part]
         cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
         columns = {"writes": np.logical_or.reduceat(acc.write[part], cuts[:-1]), "instr": acc.instr[part],
-                   "pos": ordering.pos[acc.instr[part]], "rank": ordering.rank[acc.instr[part]], "blo": acc.blo[part],
-                   "bhi": acc.bhi[part], "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part]}
-        ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, ordering.clock)
+                   "pos": ordering.pos[acc.instr[part]], "blo": acc.blo[part], "bhi": acc.bhi[part],
+                   "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part]}
+        ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, ordering.clock, ordering.ranked,
+                                   np.bincount(ordering.queue, minlength=len(ordering.queue_names)),
+                                   threads=flags.get("TRNC_THREADS"))
         ga, gb = part[ia], part[ib]
         meet = footprint_columns(acc.footprints(ga), acc.footprints(gb))   # e.g. two column tiles of one matrix
         ga, gb = ga[meet], gb[meet]
         by = np.lexsort((gb, ga))   # in access order, whatever order the walk found them in
         yield from zip(ga[by].tolist(), gb[by].tolist(), strict=True)
+
+
+def _meets_a_write(blo: np.ndarray, bhi: np.ndarray, write: np.ndarray) -> np.ndarray:
+    """Per access of one memory, whether its byte range meets that of a writing access (in any partitions): those
+    that do not (a weight tensor only ever read) can race with nothing, and leave the walk."""
+    order = np.argsort(blo[write], kind="stable")
+    starts, reach = blo[write][order], np.maximum.accumulate(bhi[write][order])
+    before = np.searchsorted(starts, bhi)   # the writes starting before the access ends
+    return (before > 0) & (reach[np.maximum(before - 1, 0)] > blo) if len(starts) else np.zeros(len(blo), bool)
 
 
 def byte_addresses(ap: AP) -> np.ndarray | None:

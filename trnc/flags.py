@@ -83,7 +83,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("TRNC_DEBUG", _bool, lambda: False,
          "1: debug mode: the tile-level verifier runs after every tile pass too (the suite sets it); default 0"),
     Flag("TRNC_THREADS", _count, _torch_threads,
-         "host threads a JIT run uses for the program's queues; default torch's thread count; 1: the serial driver"),
+         "host threads a JIT run uses for the program's queues (and the verifier for its race walk); default "
+         "torch's thread count; 1: the serial driver"),
     Flag("TRNC_ASSERT_CACHED", _bool, lambda: False,
          "1: any JIT compile (a kernel missing from the caches) raises an error, to check a warm run; default 0"),
 )}

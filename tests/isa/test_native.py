@@ -40,8 +40,25 @@ def test_clocks_count_the_instructions_of_each_queue_that_reach_each_instruction
     prev, pos, reach = _clock_oracle(queue, waits)
     want = np.array([[sum(1 for j in reach[i] if queue[j] == q) for q in range(queues)] for i in range(n)])
     first, source = _csr(waits)
-    got = native.clocks(np.arange(n), np.array(prev), first, source, queue, np.array(pos), queues)
+    order = _random_topological_order(rng, prev, waits)
+    got, ranked = native.clocks(order, np.array(prev), first, source, queue, np.array(pos), queues)
     assert np.array_equal(got, want)
+    placed = order.tolist()
+    assert np.array_equal(ranked, [[sum(1 for j in placed[:placed.index(i)] if queue[j] == q) for q in range(queues)]
+                                   for i in range(n)])
+
+
+def _random_topological_order(rng, prev, waits) -> np.ndarray:
+    """A topological order of the queue and wait edges, each step taking a random instruction whose sources are
+    placed."""
+    placed: list[int] = []
+    ready = [i for i in range(len(prev)) if prev[i] < 0 and not waits[i]]
+    while ready:
+        i = ready.pop(int(rng.integers(0, len(ready))))
+        placed.append(i)
+        ready += [j for j in range(len(prev)) if j not in placed and j not in ready
+                  and all(p in placed for p in [prev[j], *waits[j]] if p >= 0)]
+    return np.array(placed)
 
 
 def _oracle_order(members, waits, signals, semaphores):
@@ -80,9 +97,10 @@ def test_execution_order_follows_the_first_ready_queue_rule(seed):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_race_pairs_are_the_unordered_overlapping_pairs_with_a_write(seed):
-    """Every pair of accesses on two queues, a ranked before b and not happening before it, whose byte and
-    partition ranges meet, one writing: each once. Few waits make long runs in
-    time; ranges of many lengths, the pairs meeting in several byte buckets."""
+    """Every pair of accesses on two queues, a ranked before b (in a random topological order) and not happening
+    before it, whose byte and partition ranges meet, one writing: each once, by time runs scanned, searched by byte
+    bucket or both, on 1 to 3 threads. Few waits make long runs in time; ranges of many lengths, the pairs meeting
+    in several byte buckets."""
     rng = np.random.default_rng(seed)
     n, queues = int(rng.integers(2, 50)), int(rng.integers(2, 5))
     queue = rng.integers(0, queues, n)
@@ -90,7 +108,9 @@ def test_race_pairs_are_the_unordered_overlapping_pairs_with_a_write(seed):
              for i in range(n)]
     prev, pos, reach = _clock_oracle(queue, waits)
     first, source = _csr(waits)
-    clock = native.clocks(np.arange(n), np.array(prev), first, source, queue, np.array(pos), queues)
+    order = _random_topological_order(rng, prev, waits)
+    rank = np.argsort(order)
+    clock, ranked = native.clocks(order, np.array(prev), first, source, queue, np.array(pos), queues)
     instr = np.sort(rng.integers(0, n, int(rng.integers(1, 2 * n))))   # accesses, in program order
     # byte ranges mostly short, some long (over many byte buckets), from an offset base
     lo, plo = 1000 * seed + rng.integers(0, 30, len(instr)), rng.integers(0, 3, len(instr))
@@ -101,14 +121,14 @@ def test_race_pairs_are_the_unordered_overlapping_pairs_with_a_write(seed):
     acc = {k: v[by] for k, v in acc.items()}
     group = queue[acc["instr"]]
     cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
-    columns = {**acc, "writes": np.logical_or.reduceat(acc["write"], cuts[:-1]), "pos": np.array(pos)[acc["instr"]],
-               "rank": acc["instr"]}
-    ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, clock)
+    columns = {**acc, "writes": np.logical_or.reduceat(acc["write"], cuts[:-1]), "pos": np.array(pos)[acc["instr"]]}
+    ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, clock, ranked, np.bincount(queue, minlength=queues),
+                               threads=1 + seed % 3, scan_limit=[0, 3, native.SCAN_LIMIT][seed % 3])
     got = list(zip(ia.tolist(), ib.tolist()))
 
     def racy(i, j):
         a, b = int(acc["instr"][i]), int(acc["instr"][j])
-        return (group[i] != group[j] and a < b and a not in reach[b] and acc["blo"][i] < acc["bhi"][j]
+        return (group[i] != group[j] and rank[a] < rank[b] and a not in reach[b] and acc["blo"][i] < acc["bhi"][j]
                 and acc["blo"][j] < acc["bhi"][i] and acc["plo"][i] < acc["phi"][j] and acc["plo"][j] < acc["phi"][i]
                 and bool(acc["write"][i] or acc["write"][j]))
     want = {(i, j) for i in range(len(group)) for j in range(len(group)) if racy(i, j)}
@@ -132,25 +152,32 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
     with pytest.raises(ValueError, match="row starts"):
         native.execution_order([one], np.array([0, 2]), np.array([0]), np.array([1]), np.array([0, 0]),
                                np.zeros(0), 2)
-    columns = {name: np.zeros(2, dtype=np.int64) for name in native.PAIR_ARGS[3:11]}
+    columns = {name: np.zeros(2, dtype=np.int64) for name in ("pos", *native.PAIR_ARGS[3:9])}
     columns["writes"] = np.ones(1, dtype=np.int64)
+    clock, length = np.zeros((1, 1)), np.array([2])
     with pytest.raises(ValueError, match="instruction"):
-        native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "instr": np.array([0, 1])}, np.zeros((1, 1)))
+        native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "instr": np.array([0, 1])}, clock, clock, length)
     with pytest.raises(ValueError, match="a start per queue group"):
-        native.race_pairs(np.array([0]), np.zeros(1), columns, np.zeros((1, 1)))
+        native.race_pairs(np.array([0]), np.zeros(1), columns, clock, clock, length)
     with pytest.raises(ValueError, match="accesses"):
-        native.race_pairs(np.array([0, 3]), np.zeros(1), columns, np.zeros((1, 1)))
+        native.race_pairs(np.array([0, 3]), np.zeros(1), columns, clock, clock, length)
+    with pytest.raises(ValueError, match="a row of ranked"):
+        native.race_pairs(np.array([0, 2]), np.zeros(1), columns, clock, np.zeros((2, 1)), length)
+    with pytest.raises(ValueError, match="positions outside"):
+        native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "pos": np.array([0, 2])}, clock, clock, length)
+    with pytest.raises(ValueError, match="out of queue order"):
+        native.race_pairs(np.array([0, 2]), np.zeros(1), {**columns, "pos": np.array([1, 0])}, clock, clock, length)
 
 
 def test_race_pairs_over_far_apart_and_huge_byte_ranges():
     """Byte ranges 2^40 apart and one spanning them all: the buckets widen until few, and every pair is found."""
     n = 4   # instructions 0, 1 on queue 0 and 2, 3 on queue 1, none waiting: every cross pair is unordered
     queue = np.array([0, 0, 1, 1])
-    clock = native.clocks(np.arange(n), np.array([-1, 0, -1, 2]), np.zeros(n + 1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), queue, np.array([0, 1, 0, 1]), 2)
+    clock, ranked = native.clocks(np.arange(n), np.array([-1, 0, -1, 2]), np.zeros(n + 1, dtype=np.int64),
+                                  np.zeros(0, dtype=np.int64), queue, np.array([0, 1, 0, 1]), 2)
     far = 2 ** 40
     columns = {"instr": np.arange(n), "blo": np.array([0, far, 8, 0]), "bhi": np.array([4, far + 4, 12, 2 * far]),
                "plo": np.zeros(n, dtype=np.int64), "phi": np.ones(n, dtype=np.int64), "write": np.array([0, 0, 0, 1]),
-               "writes": np.array([0, 1]), "pos": np.array([0, 1, 0, 1]), "rank": np.arange(n)}
-    ia, ib = native.race_pairs(np.array([0, 2, 4]), np.array([0, 1]), columns, clock)
+               "writes": np.array([0, 1]), "pos": np.array([0, 1, 0, 1])}
+    ia, ib = native.race_pairs(np.array([0, 2, 4]), np.array([0, 1]), columns, clock, ranked, np.array([2, 2]))
     assert sorted(zip(ia.tolist(), ib.tolist())) == [(0, 3), (1, 3)]

@@ -322,6 +322,19 @@ def test_scale_unsynchronized_interleaved_queues():
     assert reported_races(Program(TENSORS, tuple(instrs), "trn3")) == {(2 * 1234, 2 * 1234 + 1)}
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_accesses_meeting_no_write_are_those_whose_byte_range_no_write_shares(seed):
+    """The race walk leaves out the accesses no write can meet (a weight tensor only read): exactly those whose
+    byte range shares no byte with a writing access's."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 80))
+    lo = rng.integers(0, 200, n)
+    hi = lo + rng.integers(1, 12, n)
+    write = rng.random(n) < [0.0, 0.1, 0.5][seed % 3]
+    want = [any(write[k] and lo[k] < hi[x] and lo[x] < hi[k] for k in range(n)) for x in range(n)]
+    assert races._meets_a_write(lo, hi, write).tolist() == want
+
+
 # -- the operand table's columns against the per-AP path ----------------------------------------------
 
 def any_ap(rng: random.Random) -> AP:
