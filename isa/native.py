@@ -244,6 +244,45 @@ def _pairs_ir(module: ir.Module) -> None:
     b.ret(b.load(found))
 
 
+def _row_ids_ir(module: ir.Module) -> None:
+    """row_ids(rows, k, key, ids, table, mask) -> distinct rows: ids[r] numbers the distinct rows of key ([rows, k],
+    row-major) in order of first appearance. An open-addressing hash table (`mask` + 1 slots, a power of two above
+    the row count, filled with -1) holds the first row of each id; a probe compares whole rows, so ids are exact."""
+    fn, b = _function(module, "trnc_row_ids", 6)
+    rows, k, *arrays, mask = fn.args
+    key, ids, table = (b.inttoptr(a, _P) for a in arrays)
+    distinct = b.var(0)
+    with b.loop(_i(0), rows) as r:
+        base = b.mul(r, k)
+        h = b.var(-3750763034362895579)   # FNV-1a's offset basis, then its step per word
+        with b.loop(_i(0), k) as c:
+            b.store(b.mul(b.xor(b.load(h), b.get(key, b.add(base, c))), _i(1099511628211)), h)
+        mixed = b.load(h)
+        slot = b.var(b.and_(b.xor(mixed, b.lshr(mixed, _i(29))), mask))
+        probing = b.var(1)
+        with b.loop(_i(0), b.add(mask, _i(1)), go=probing):
+            first = b.get(table, b.load(slot))
+            with b.if_else(b.icmp_signed("<", first, _i(0))) as (empty, taken):
+                with empty:
+                    b.store(r, b.at(table, b.load(slot)))
+                    b.store(b.load(distinct), b.at(ids, r))
+                    b.store(b.add(b.load(distinct), _i(1)), distinct)
+                    b.store(_i(0), probing)
+                with taken:
+                    same = b.var(1)
+                    other = b.mul(first, k)
+                    with b.loop(_i(0), k, go=same) as c:
+                        with b.if_then(b.icmp_signed("!=", b.get(key, b.add(base, c)), b.get(key, b.add(other, c)))):
+                            b.store(_i(0), same)
+                    with b.if_else(b.icmp_signed("!=", b.load(same), _i(0))) as (equal, differ):
+                        with equal:
+                            b.store(b.get(ids, first), b.at(ids, r))
+                            b.store(_i(0), probing)
+                        with differ:
+                            b.store(b.and_(b.add(b.load(slot), _i(1)), mask), slot)
+    b.ret(b.load(distinct))
+
+
 class _Native:
     """The functions, compiled for the host into an MCJIT engine of their own (kept for the process). Not through
     runtime/jit/codegen.py's Codegen: the isa layer imports no runtime (and these loops want no kernel cache)."""
@@ -252,7 +291,7 @@ class _Native:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         module = ir.Module(name="trnc_native")
-        for build in (_clocks_ir, _order_ir, _pairs_ir):
+        for build in (_clocks_ir, _order_ir, _pairs_ir, _row_ids_ir):
             build(module)
         triple = llvm.get_process_triple()
         machine = llvm.Target.from_triple(triple).create_target_machine(opt=2, jit=True)
@@ -270,6 +309,7 @@ class _Native:
         self.clocks = function("trnc_clocks", 11)
         self.order = function("trnc_order", 12)
         self.pairs = function("trnc_pairs", 8 + len(PAIR_ARGS))
+        self.row_ids = function("trnc_row_ids", 6)
 
 
 _native: _Native | None = None
@@ -437,6 +477,19 @@ def _thread_cuts(sizes: np.ndarray, threads: int) -> list[int]:
     cuts = [0, *np.searchsorted(total, total[-1] * np.arange(1, threads) / threads).tolist(), len(sizes)] if \
         len(sizes) else [0, 0]
     return sorted(set(cuts))
+
+
+def row_ids(key: np.ndarray) -> np.ndarray:
+    """Per row of the 2-D `key`, an id shared by exactly the equal rows: 0, 1, ... in order of first appearance."""
+    key = np.ascontiguousarray(key, dtype=np.int64)
+    if key.ndim != 2:
+        raise ValueError("a key of rows")
+    rows, k = key.shape
+    ids = np.zeros(rows, dtype=np.int64)
+    table = np.full(1 << (2 * rows).bit_length(), -1, dtype=np.int64)
+    if rows:
+        _functions().row_ids(rows, k, key.ctypes.data, ids.ctypes.data, table.ctypes.data, len(table) - 1)
+    return ids
 
 
 def _buckets(sizes: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> tuple[int, list[np.ndarray]]:

@@ -14,7 +14,6 @@ instruction) has no table: `build` raises TypeError.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
@@ -22,8 +21,10 @@ from typing import Sequence
 
 import numpy as np
 
+from trnc.isa import native
 from trnc.isa.ap import ROW_FIELDS, ROW_WORDS, AP, Mem
 from trnc.isa.dtypes import DType
+from trnc.isa.program import kept_with_program
 from trnc.isa.rows import OPERAND_PREFIX_WORDS
 
 _WORDS = OPERAND_PREFIX_WORDS + ROW_WORDS   # of an operand row
@@ -100,11 +101,10 @@ class OperandTable:
         count, rows = len(self.first) - 1, len(self)
         if not rows:
             return np.zeros(count, dtype=np.int64)
-        by = np.lexsort((self.slot, self.ap_id, self.instr))   # equal operands of an instruction together, in order
-        starts = np.ones(rows, dtype=bool)
-        starts[1:] = (self.instr[by][1:] != self.instr[by][:-1]) | (self.ap_id[by][1:] != self.ap_id[by][:-1])
-        repeats = np.empty(rows, dtype=np.int64)
-        repeats[by] = self.slot[by][np.maximum.accumulate(np.where(starts, np.arange(rows), 0))]
+        same = row_ids(np.column_stack([self.instr, self.ap_id]))   # equal operands of one instruction
+        new = np.ones(rows, dtype=bool)   # where each `same` id first appears: ids count up in that order
+        new[1:] = same[1:] > np.maximum.accumulate(same)[:-1]
+        repeats = self.slot[np.flatnonzero(new)[same]]   # the slot of the first operand equal to each
         width = int(self.slot.max()) + 1
         code = (self.form * (int(self.field.max()) + 1) + self.field) * width + repeats
         per_instruction = np.full((count, width), -1, dtype=np.int64)
@@ -113,39 +113,15 @@ class OperandTable:
 
 
 def row_ids(key: np.ndarray) -> np.ndarray:
-    """Per row of `key`, an id shared by exactly the equal rows (what np.unique(axis=0)'s inverse gives, faster):
-    rows hashed to one uint64 each are grouped by one sort, and kept when every row equals its group's first;
-    a collision (two different rows, one hash) takes the exact sort by every column."""
-    if not len(key):
-        return np.zeros(0, dtype=np.int64)
-    mixed = np.zeros(len(key), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for column in key.T.astype(np.uint64):
-            mixed = (mixed ^ column) * np.uint64(0x100000001B3)   # FNV-1a's step, a column at a time
-    _, first, ids = np.unique(mixed, return_index=True, return_inverse=True)
-    ids = ids.reshape(-1)
-    if np.array_equal(key, key[first[ids]]):
-        return ids
-    order = np.lexsort(key.T[::-1])
-    ranked = key[order]
-    ids = np.empty(len(key), dtype=np.int64)
-    ids[order] = np.concatenate([[0], np.cumsum(np.any(ranked[1:] != ranked[:-1], axis=1))])
-    return ids
+    """Per row of `key`, an id shared by exactly the equal rows (what np.unique(axis=0)'s inverse gives, numbered
+    in order of first appearance instead): isa/native.py's hash table over whole rows."""
+    return native.row_ids(key)
 
 
-_tables: dict[int, tuple[weakref.ref, OperandTable]] = {}   # by id(program), dropped when the program dies
-
-
+@kept_with_program
 def operand_table(program) -> OperandTable:
-    """The table of `program`'s operands, built on first use and kept with the program (not in it: a Program
-    is a value, hashed and pickled by its fields)."""
-    key = id(program)
-    entry = _tables.get(key)
-    if entry is not None and entry[0]() is program:
-        return entry[1]
-    table = build(program.instructions)
-    _tables[key] = (weakref.ref(program, lambda _, key=key: _tables.pop(key, None)), table)
-    return table
+    """The table of `program`'s operands, built on first use and kept with the program."""
+    return build(program.instructions)
 
 
 def build(instructions) -> OperandTable:

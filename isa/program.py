@@ -9,8 +9,11 @@ that must all have count >= value before it starts.
 from __future__ import annotations
 
 import enum
+import functools
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 from trnc.isa.ap import AP, Engine, queue_name
 from trnc.isa.config import DEFAULT_TARGET
@@ -173,3 +176,23 @@ class Program:
 
     def tensors_of(self, kind: TensorKind) -> list[TensorDecl]:
         return [t for t in self.tensors if t.kind is kind]
+
+
+_Kept = TypeVar("_Kept")
+
+
+def kept_with_program(build: Callable[[Program], _Kept]) -> Callable[[Program], _Kept]:
+    """`build` made once per Program, on first use, and kept while the program lives: not in it, since a Program is
+    a value, hashed and pickled by its fields (the operand, sync and field tables the load path shares)."""
+    kept: dict[int, tuple[weakref.ref, _Kept]] = {}   # by id(program), dropped when the program dies
+
+    @functools.wraps(build)
+    def get(program: Program) -> _Kept:
+        key = id(program)
+        entry = kept.get(key)
+        if entry is not None and entry[0]() is program:
+            return entry[1]
+        value = build(program)
+        kept[key] = (weakref.ref(program, lambda _, key=key: kept.pop(key, None)), value)
+        return value
+    return get

@@ -7,7 +7,6 @@ program order (and each instruction's own order), with row starts per instructio
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from operator import attrgetter
@@ -15,7 +14,7 @@ from operator import attrgetter
 import numpy as np
 
 from trnc.isa.ap import Engine, queue_name
-from trnc.isa.program import Program
+from trnc.isa.program import Program, kept_with_program
 
 
 @dataclass(frozen=True)
@@ -46,19 +45,11 @@ class SyncTable:
         return members, np.searchsorted(self.queue[members], np.arange(len(self.names) + 1))
 
 
-_tables: dict[int, tuple[weakref.ref, SyncTable]] = {}   # by id(program), dropped when the program dies
-
-
+@kept_with_program
 def sync_table(program: Program) -> SyncTable:
     """The program's sync table, built on first use; TypeError when a wait, signal, engine or queue is not an
     integer (a wait not a pair)."""
-    key = id(program)
-    entry = _tables.get(key)
-    if entry is not None and entry[0]() is program:
-        return entry[1]
-    table = _build(program.instructions)
-    _tables[key] = (weakref.ref(program, lambda _, key=key: _tables.pop(key, None)), table)
-    return table
+    return _build(program.instructions)
 
 
 def _build(instructions) -> SyncTable:

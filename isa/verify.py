@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from numbers import Integral, Real
-import itertools
-from operator import attrgetter
 
 import numpy as np
 
@@ -31,6 +29,7 @@ from trnc.isa.ap import AP, MAX_AP_ELEMENTS, MAX_COUNT, MAX_FREE_DIMS, STRIDE_LI
 from trnc.isa.config import DMA_QUEUES, HwConfig, get_target
 from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import DType
+from trnc.isa.field_table import field_table
 from trnc.isa.opcodes import BY_NAME, E8m0, Kind
 from trnc.isa.operand_table import OperandTable, operand_table, row_ids
 from trnc.isa.program import Instruction, Program
@@ -306,12 +305,19 @@ def _forms(program: Program, table: OperandTable | None) -> np.ndarray | None:
     None when an instruction has no field row or the program no table."""
     if table is None:
         return None
-    ids: dict[bytes | None, int] = {}
-    rows = map(attrgetter("field_row"), program.instructions)
-    keys = np.fromiter(map(ids.setdefault, rows, itertools.count()), dtype=np.int64, count=len(program.instructions))
-    if None in ids:
+    try:
+        rows = field_table(program).ids
+    except TypeError:
         return None
-    return row_ids(np.column_stack([keys, table.instruction_forms]))
+    return row_ids(np.column_stack([rows, table.instruction_forms]))
+
+
+def _engines(program: Program) -> np.ndarray:
+    """Each instruction's engine, from the field table when the program has one."""
+    try:
+        return field_table(program).engine
+    except TypeError:
+        return np.array([ins.engine for ins in program.instructions], dtype=np.int64)
 
 
 def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
@@ -339,7 +345,7 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
     tensor_dtype = np.array([t.dtype.code for t in tensors] or [-1], dtype=np.int64)[at]
     size = np.where(hbm, tensor_bytes, np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition,
                                                 hw.psum_bytes_per_partition))
-    engine = np.array([ins.engine for ins in ctx.program.instructions], dtype=np.int64)[table.instr[rows]]
+    engine = _engines(ctx.program)[table.instr[rows]]
     aligned = np.where(parts > 64, start == 0, np.where(parts > 32, (start == 0) | (start == 64), start % 32 == 0))
     bad = ((offset < 0) | (offset % table.itemsize[rows] != 0) | (lo < 0) | (hi > size)
            | np.where(hbm, (start != 0) | ~known | (table.dtype[rows] != tensor_dtype),

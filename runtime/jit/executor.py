@@ -36,13 +36,13 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter
 
 import numpy as np
 
 from trnc.errors import ExecutionError, TrncError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
+from trnc.isa.field_table import FieldTable, field_table, build as build_field_table
 from trnc.isa.opcodes import TABLE
 from trnc.isa.operand_table import OperandTable, build, operand_table, row_ids
 from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
@@ -139,7 +139,7 @@ class _DriverTable:
 
 class _Layout:
     """The driver steps of a sequence of units (instructions or pieces of them), from their operand table and
-    their field rows (Instruction.field_row).
+    their field table (isa/field_table.py).
 
     Kernel and staging depend only on a unit's shape (the table's instruction_forms: per operand its field, form and
     which earlier operand it repeats; and the opcode's static fields), which many units share. Per opcode, numpy
@@ -148,17 +148,11 @@ class _Layout:
     the dynamic words) and the steps are laid out with numpy for all units at once.
     """
 
-    def __init__(self, jit: "JitProgram", units, table: OperandTable):
-        rows = list(map(attrgetter("field_row"), units))
-        try:
-            lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // 8
-        except TypeError:
-            raise TrncError("JIT: an instruction's fields are ill-formed (verify the program)") from None
-        words, at = np.frombuffer(b"".join(rows), dtype=np.int64), _starts(lengths)
-        code, shape_id = words[at], table.instruction_forms
+    def __init__(self, jit: "JitProgram", units, table: OperandTable, field_rows: FieldTable):
+        code, shape_id = field_rows.opcode, table.instruction_forms
         self.shapes: list[_Shape] = []
-        self.kind = np.zeros(len(rows), dtype=np.int64)
-        self.dynamic_count = np.zeros(len(rows), dtype=np.int64)
+        self.kind = np.zeros(len(units), dtype=np.int64)
+        self.dynamic_count = np.zeros(len(units), dtype=np.int64)
         dynamic: list[tuple[np.ndarray, np.ndarray]] = []   # per opcode: its units, their words [units, count]
         for opcode_code in np.unique(code).tolist():
             members = np.flatnonzero(code == opcode_code)
@@ -166,7 +160,7 @@ class _Layout:
             lowering = LOWERINGS.get(opcode)
             if lowering is None:
                 raise TrncError(f"JIT: opcode {opcode} is not lowered yet; use runtime.reference")
-            fields = words[at[members][:, None] + np.arange(int(lengths[members[0]]))]
+            fields = field_rows.fields(members)
             statics = [fields[:, first:first + count] for first, count in
                        (field_words(opcode, name) for name in lowering.statics)]
             shape = row_ids(np.column_stack([shape_id[members], *statics]))
@@ -231,6 +225,13 @@ def _operand_dtypes(table: OperandTable, members: np.ndarray, name: str) -> np.n
     return table.dtype[row_of[members]]
 
 
+def _field_rows(make, of) -> FieldTable:
+    try:
+        return make(of)
+    except TypeError:
+        raise TrncError("JIT: an instruction's fields are ill-formed (verify the program)") from None
+
+
 def _starts(lengths: np.ndarray) -> np.ndarray:
     """Where each of consecutive runs of `lengths` starts."""
     return np.cumsum(lengths) - lengths
@@ -293,8 +294,9 @@ class JitProgram:
         """The driver table of the execution order, each instruction as up to `parts` pieces (runtime/jit/split.py;
         1: whole). All argument blocks lie in one int64 array."""
         instructions = self.program.instructions
-        if parts == 1:   # the program's own instructions and table, their steps then taken in execution order
+        if parts == 1:   # the program's own instructions and tables, their steps then taken in execution order
             units, table, sequence = instructions, self.table, np.array(self.order, dtype=np.int64)
+            field_rows = _field_rows(field_table, self.program)
             owners, pieces = self.order, []
         else:
             units, owners, pieces = [], [], []
@@ -304,7 +306,8 @@ class JitProgram:
                 owners.extend([index] * len(found))
                 pieces.append(len(found))
             table, sequence = build(units), np.arange(len(units))
-        address, block_at, blocks, counts = _Layout(self, units, table).steps()
+            field_rows = _field_rows(build_field_table, units)
+        address, block_at, blocks, counts = _Layout(self, units, table, field_rows).steps()
         first = _starts(counts)[sequence]   # each unit's first step, the units in execution order
         counts = counts[sequence]
         steps = np.repeat(first - _starts(counts), counts) + np.arange(int(counts.sum()))

@@ -181,3 +181,14 @@ def test_race_pairs_over_far_apart_and_huge_byte_ranges():
                "writes": np.array([0, 1]), "pos": np.array([0, 1, 0, 1])}
     ia, ib = native.race_pairs(np.array([0, 2, 4]), np.array([0, 1]), columns, clock, ranked, np.array([2, 2]))
     assert sorted(zip(ia.tolist(), ib.tolist())) == [(0, 3), (1, 3)]
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (7, 0), (1, 1), (3000, 2), (5000, 13)])
+def test_row_ids_number_the_distinct_rows_in_order_of_first_appearance(shape):
+    """Few values per column make many equal rows and, at the table's load, many rows that probe past others."""
+    rng = np.random.default_rng(shape[0])
+    key = rng.integers(-2, 3, shape) * (1 << 40)
+    got = native.row_ids(key)
+    firsts: dict[tuple, int] = {}
+    want = [firsts.setdefault(tuple(row), len(firsts)) for row in key.tolist()]
+    assert got.tolist() == want
