@@ -196,7 +196,7 @@ def _cycle(prev: np.ndarray, waiting: np.ndarray, source: np.ndarray, stuck: np.
 
 @dataclass
 class _Accesses:
-    """Every operand access of the checked instructions, as columns."""
+    """Every operand access of the checked instructions, as columns, in instruction order."""
 
     instr: np.ndarray
     mem: np.ndarray     # memory id: 0 SBUF, 1 PSUM, 2 HBM
@@ -298,7 +298,10 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
     byte buckets b covers). So neither a long unsynchronized stretch nor the reuse of one buffer over time makes
     the work quadratic; the footprints' rows then drop column tiles of one matrix.
     """
-    by = np.lexsort((acc.instr, queue, acc.mem))   # by memory, then queue, then queue order
+    # by memory, then queue, then queue order: the accesses are in instruction order, which a stable sort keeps
+    # (a radix sort when the keys fit 16 bits)
+    key = acc.mem * (int(queue.max()) + 1) + queue
+    by = np.argsort(key.astype(np.int16) if key.max() < 2**15 else key, kind="stable")
     for part in np.split(by, np.flatnonzero(np.diff(acc.mem[by])) + 1):
         part = part[_meets_a_write(acc.blo[part], acc.bhi[part], acc.write[part])]
         if not len(part):
@@ -312,7 +315,9 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
                                    np.bincount(ordering.queue, minlength=len(ordering.queue_names)),
                                    threads=flags.get("TRNC_THREADS"))
         ga, gb = part[ia], part[ib]
-        meet = footprint_columns(acc.footprints(ga), acc.footprints(gb))   # e.g. two column tiles of one matrix
+        candidates, where = np.unique(np.concatenate([ga, gb]), return_inverse=True)
+        rows = acc.footprints(candidates)
+        meet = footprint_columns(rows[:, where[:len(ga)]], rows[:, where[len(ga):]])   # e.g. column tiles of a matrix
         ga, gb = ga[meet], gb[meet]
         by = np.lexsort((gb, ga))   # in access order, whatever order the walk found them in
         yield from zip(ga[by].tolist(), gb[by].tolist(), strict=True)
