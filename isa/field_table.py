@@ -1,27 +1,26 @@
 """The field table of a program: every instruction's field row (isa/rows.py: its opcode, engine, queue and every
-field but the APs, as int64 words) joined once.
+field but the APs, as int64 words), read out of its row table (isa/row_table.py).
 
 Read by the verifier (an id per distinct row for its forms; the engines for its place rules) and by the JIT
-loader (each opcode's static and dynamic words), which before each joined the rows again. Built once per
-Program and kept while the program lives, as the operand and sync tables are.
+loader (each opcode's static and dynamic words). Built once per Program and kept while the program lives, as
+the operand and sync tables are.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from functools import cached_property
-from operator import attrgetter
 
 import numpy as np
 
+from trnc.isa.native import row_ids
 from trnc.isa.program import kept_with_program
+from trnc.isa.row_table import RowTable, join, row_table
 
 
 @dataclass(frozen=True)
 class FieldTable:
     """`words[at[i]:at[i] + lengths[i]]` is instruction i's field row."""
 
-    rows: tuple[bytes, ...]
     words: np.ndarray
     at: np.ndarray
     lengths: np.ndarray
@@ -41,20 +40,27 @@ class FieldTable:
 
     @cached_property
     def ids(self) -> np.ndarray:
-        """Per instruction, an id shared by exactly the instructions whose rows are equal (not dense)."""
-        first: dict[bytes, int] = {}
-        return np.fromiter(map(first.setdefault, self.rows, itertools.count()), dtype=np.int64, count=len(self.rows))
+        """Per instruction, an id shared by exactly the instructions whose rows are equal: over each row's length
+        and its words, padded with zeros to the longest."""
+        width = int(self.lengths.max(initial=0))
+        reach = np.arange(width)
+        inside = reach < self.lengths[:, None]
+        words = np.where(inside, self.words[np.where(inside, self.at[:, None] + reach, 0)], 0)
+        return row_ids(np.column_stack([self.lengths, words]))
 
 
 def build(instructions) -> FieldTable:
     """The field table of a sequence of instructions; TypeError when one has no field row (a field not of its
     type)."""
-    rows = tuple(map(attrgetter("field_row"), instructions))
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // 8   # None: TypeError
-    return FieldTable(rows, np.frombuffer(b"".join(rows), dtype=np.int64), np.cumsum(lengths) - lengths, lengths)
+    return from_rows(join(instructions))
+
+
+def from_rows(rows: RowTable) -> FieldTable:
+    at, length = rows.part(2)
+    return FieldTable(rows.words, at, length)
 
 
 @kept_with_program
 def field_table(program) -> FieldTable:
     """The program's field table, built on first use and kept with the program."""
-    return build(program.instructions)
+    return from_rows(row_table(program))

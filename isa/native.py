@@ -283,6 +283,35 @@ def _row_ids_ir(module: ir.Module) -> None:
     b.ret(b.load(distinct))
 
 
+def _row_starts_ir(module: ir.Module) -> None:
+    """row_starts(n, words, total, at) -> 0, or -1 when the heads do not tile the words: the rows of n instructions
+    (isa/rows.py: a head of three part lengths, -1 for an absent part, then the parts) lie one after the other in
+    words[0:total]; at[i] is where row i starts."""
+    fn, b = _function(module, "trnc_row_starts", 4)
+    n, words_address, total, at_address = fn.args
+    words, at = b.inttoptr(words_address, _P), b.inttoptr(at_address, _P)
+    pos, good = b.var(0), b.var(1)
+    with b.loop(_i(0), n, go=good) as i:
+        start = b.load(pos)
+        b.store(start, b.at(at, i))
+        with b.if_else(b.icmp_signed(">", b.add(start, _i(3)), total)) as (short, room):
+            with short:
+                b.store(_i(0), good)
+            with room:
+                end = b.var(b.add(start, _i(3)))
+                for k in range(3):
+                    length = b.get(words, b.add(start, _i(k)))
+                    bad = b.or_(b.icmp_signed("<", length, _i(-1)), b.icmp_signed(">", length, total))
+                    with b.if_then(bad):
+                        b.store(_i(0), good)
+                    b.store(b.add(b.load(end), b.select(b.icmp_signed(">", length, _i(0)), length, _i(0))), end)
+                with b.if_then(b.icmp_signed(">", b.load(end), total)):
+                    b.store(_i(0), good)
+                b.store(b.load(end), pos)
+    tiled = b.and_(b.icmp_signed("!=", b.load(good), _i(0)), b.icmp_signed("==", b.load(pos), total))
+    b.ret(b.select(tiled, _i(0), _i(-1)))
+
+
 class _Native:
     """The functions, compiled for the host into an MCJIT engine of their own (kept for the process). Not through
     runtime/jit/codegen.py's Codegen: the isa layer imports no runtime (and these loops want no kernel cache)."""
@@ -291,7 +320,7 @@ class _Native:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         module = ir.Module(name="trnc_native")
-        for build in (_clocks_ir, _order_ir, _pairs_ir, _row_ids_ir):
+        for build in (_clocks_ir, _order_ir, _pairs_ir, _row_ids_ir, _row_starts_ir):
             build(module)
         triple = llvm.get_process_triple()
         machine = llvm.Target.from_triple(triple).create_target_machine(opt=2, jit=True)
@@ -310,6 +339,7 @@ class _Native:
         self.order = function("trnc_order", 12)
         self.pairs = function("trnc_pairs", 8 + len(PAIR_ARGS))
         self.row_ids = function("trnc_row_ids", 6)
+        self.row_starts = function("trnc_row_starts", 4)
 
 
 _native: _Native | None = None
@@ -490,6 +520,16 @@ def row_ids(key: np.ndarray) -> np.ndarray:
     if rows:
         _functions().row_ids(rows, k, key.ctypes.data, ids.ctypes.data, table.ctypes.data, len(table) - 1)
     return ids
+
+
+def row_starts(words: np.ndarray, n: int) -> np.ndarray:
+    """Where each of the n instructions' rows (isa/rows.py) starts in `words`, their join; ValueError when the
+    rows' heads do not tile it."""
+    words = np.ascontiguousarray(words, dtype=np.int64)
+    at = np.zeros(n, dtype=np.int64)
+    if n and _functions().row_starts(n, words.ctypes.data, len(words), at.ctypes.data) != 0 or not n and len(words):
+        raise ValueError("the rows' heads do not tile their words")
+    return at
 
 
 def _buckets(sizes: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> tuple[int, list[np.ndarray]]:

@@ -1,22 +1,20 @@
 """The operand table of a program: every present AP operand of every instruction as one row of int64 columns.
 
-Built once per Program (`operand_table(program)`, kept while the program lives) by joining the rows its
-instructions carry (Instruction.operand_rows, packed as each is made from its APs' AP.row), and shared by the
-passes that read every operand: the verifier's place rules and race check (isa/verify.py, isa/races.py) and
-the JIT loader's argument words (runtime/jit/executor.py). What they compute per operand (byte ranges,
+Built once per Program (`operand_table(program)`, kept while the program lives) out of the operand rows its
+instructions carry (isa/rows.py, packed as each is made from its APs' AP.row; joined by isa/row_table.py), and
+shared by the passes that read every operand: the verifier's place rules and race check (isa/verify.py,
+isa/races.py) and the JIT loader's argument words (runtime/jit/executor.py). What they compute per operand (byte ranges,
 footprints, places) is then numpy over all rows at once instead of Python per operand, which was most of what
 loading a 100k-instruction program cost.
 
 Rows follow the instructions in order and, within one, `Instruction.operands()` order. A program with an
 ill-formed instruction or an operand that is not an AP of integer fields (which the verifier reports per
-instruction) has no table: `build` raises TypeError.
+instruction) has no table: TypeError.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from functools import cached_property
-from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +23,7 @@ from trnc.isa import native
 from trnc.isa.ap import ROW_FIELDS, ROW_WORDS, AP, Mem
 from trnc.isa.dtypes import DType
 from trnc.isa.program import kept_with_program
+from trnc.isa.row_table import RowTable, join, row_table
 from trnc.isa.rows import OPERAND_PREFIX_WORDS
 
 _WORDS = OPERAND_PREFIX_WORDS + ROW_WORDS   # of an operand row
@@ -120,32 +119,31 @@ def row_ids(key: np.ndarray) -> np.ndarray:
 
 @kept_with_program
 def operand_table(program) -> OperandTable:
-    """The table of `program`'s operands, built on first use and kept with the program."""
-    return build(program.instructions)
+    """The table of `program`'s operands, built on first use and kept with the program; TypeError when an
+    instruction has no operand row."""
+    return from_rows(program.instructions, row_table(program))
 
 
 def build(instructions) -> OperandTable:
-    """The table of the operands of a sequence of instructions: the rows each carries (Instruction.operand_rows),
-    joined, touching each instruction once; TypeError when one has none."""
+    """The table of the operands of a sequence of instructions (isa/row_table.py joins their rows)."""
     instructions = instructions if isinstance(instructions, (list, tuple)) else list(instructions)
-    with _ill_formed_is_type_error():
-        rows = list(map(attrgetter("operand_rows"), instructions))
-        counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // (8 * _WORDS)   # None: TypeError
-    words = np.frombuffer(b"".join(rows), dtype=np.int64).reshape(-1, _WORDS).T.copy()
+    return from_rows(instructions, join(instructions))
+
+
+def from_rows(instructions, rows: RowTable) -> OperandTable:
+    """The operand table out of the instructions' row table: each operand row's words gathered straight into
+    columns; TypeError when an instruction has no operand row."""
+    at, length = rows.part(0)
+    counts = length // _WORDS
+    if np.any(counts * _WORDS != length):
+        raise TypeError("an operand row is not whole")
     first = np.zeros(len(instructions) + 1, dtype=np.int64)
     np.cumsum(counts, out=first[1:])
+    row_at = np.repeat(at - _WORDS * first[:-1], counts) + _WORDS * np.arange(int(first[-1]))
+    words = rows.words[row_at + np.arange(_WORDS)[:, None]]   # [_WORDS, rows]
     instr = np.repeat(np.arange(len(instructions)), counts)
     columns = dict(zip(ROW_FIELDS, words[OPERAND_PREFIX_WORDS:]))
     pairs = words[OPERAND_PREFIX_WORDS + len(ROW_FIELDS):].T
     return OperandTable(instructions, instr, np.arange(len(instr)) - first[instr], words[0], words[1].astype(bool),
                         **columns, itemsize=_ITEMSIZE[columns["dtype"]], strides=pairs[:, 0::2],
                         counts=pairs[:, 1::2], first=first)
-
-
-@contextlib.contextmanager
-def _ill_formed_is_type_error():
-    """An instruction whose operands cannot be listed (an unknown opcode, a missing field) makes no table."""
-    try:
-        yield
-    except (AttributeError, KeyError, ValueError, IndexError, TypeError, OverflowError) as e:
-        raise TypeError(f"an instruction is ill-formed: {e}") from None

@@ -19,7 +19,7 @@ from trnc.isa.ap import AP, Engine, queue_name
 from trnc.isa.config import DEFAULT_TARGET
 from trnc.isa.dtypes import DType
 from trnc.isa.opcodes import Kind, OpSpec, opspec
-from trnc.isa.rows import instruction_rows, sync_row
+from trnc.isa.rows import instruction_rows, with_sync_row
 
 
 class TensorKind(enum.IntEnum):
@@ -65,33 +65,31 @@ class Instruction:
     queue: int = 0                      # DMA queue number; 0 for compute engines
     waits: tuple[tuple[int, int], ...] = ()
     signals: tuple[int, ...] = ()
-    # The fields the loaders read of every instruction, packed once as it is made (isa/operand_table.py,
-    # isa/sync_table.py and the verifier's forms join them, touching each instruction once); None when a field
-    # is not of its type or place (the verifier then reports it).
-    operand_rows: bytes | None = field(init=False, repr=False, compare=False)
-    sync_row: bytes | None = field(init=False, repr=False, compare=False)
-    field_row: bytes | None = field(init=False, repr=False, compare=False)
+    # The fields the loaders read of every instruction, packed once as it is made (isa/rows.py; isa/row_table.py
+    # joins them, touching each instruction once); a part is absent when a field is not of its type or place
+    # (the verifier then reports it).
+    rows: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.__dict__.update(zip(_ROWS, instruction_rows(self)))   # frozen: set past __setattr__
+        self.__dict__["rows"] = instruction_rows(self)   # frozen: set past __setattr__
 
     @classmethod
     def with_rows(cls, opcode: str, engine: Engine, args: tuple, queue: int, waits: tuple, signals: tuple,
-                  rows: tuple[bytes, bytes, bytes]) -> "Instruction":
+                  rows: bytes) -> "Instruction":
         """An instruction whose rows its maker packed from values it checked (isa/decoding.py, by
         isa/rows.checked_rows), not packed again."""
         ins = object.__new__(cls)
         ins.__dict__.update(opcode=opcode, engine=engine, args=args, queue=queue, waits=waits, signals=signals,
-                            operand_rows=rows[0], sync_row=rows[1], field_row=rows[2])
+                            rows=rows)
         return ins
 
     def __getstate__(self) -> dict:
         """Pickled without its rows (larger than the fields, and quicker to make again than to load)."""
-        return {k: v for k, v in self.__dict__.items() if k not in _ROWS}
+        return {k: v for k, v in self.__dict__.items() if k != "rows"}
 
     def __setstate__(self, state: dict):
         self.__dict__.update(state)
-        self.__dict__.update(zip(_ROWS, instruction_rows(self)))
+        self.__dict__["rows"] = instruction_rows(self)
 
     @classmethod
     def make(cls, opcode: str, engine: Engine | None = None, *, queue: int = 0,
@@ -143,17 +141,14 @@ class Instruction:
                 yield name, ap, out
 
     def replace(self, **changes) -> "Instruction":
-        if changes.keys() <= {"waits", "signals"}:   # the scheduler's: the operand and field rows stay as they are
+        if changes.keys() <= {"waits", "signals"}:   # the scheduler's: the operand and field parts stay as they are
             ins = Instruction.with_rows(self.opcode, self.engine, self.args, self.queue,
                                         changes.get("waits", self.waits), changes.get("signals", self.signals),
-                                        (self.operand_rows, None, self.field_row))
-            ins.__dict__["sync_row"] = sync_row(ins)
+                                        self.rows)
+            ins.__dict__["rows"] = with_sync_row(self.rows, ins)
             return ins
         from dataclasses import replace
         return replace(self, **changes)
-
-
-_ROWS = ("operand_rows", "sync_row", "field_row")   # Instruction's, in instruction_rows' order
 
 
 @dataclass(frozen=True)

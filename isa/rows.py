@@ -1,16 +1,17 @@
 """The rows an instruction carries: its operands, its sync fields and its other fields packed as int64 words.
 
-An Instruction packs them once, when it is made (Instruction.operand_rows, sync_row, field_row), from its
-APs' own rows (AP.row). The passes that read every instruction of a program then join the rows of all of
-them, touching each instruction once, and read the columns with numpy: the operand table
-(isa/operand_table.py), the sync table (isa/sync_table.py), the verifier's forms and the JIT loader's
-shapes and dynamic words. A row is None when a field is not of its type or place; the verifier then finds
-the problem by its per-instruction rules.
+An Instruction packs them once, when it is made (Instruction.rows), from its APs' own rows (AP.row). The
+passes that read every instruction of a program then join the rows of all of them in one pass over the
+instructions (isa/row_table.py) and read the columns with numpy: the operand table (isa/operand_table.py),
+the sync table (isa/sync_table.py) and the field table (isa/field_table.py), which serve the verifier and
+the JIT loader. A part is absent when a field is not of its type or place; the verifier then finds the
+problem by its per-instruction rules.
 
-- operand_rows: per present AP operand in field order, its position among the fields, 1 if written, then
+Instruction.rows is a head of three words, each part's length in words (-1: absent), then the parts present:
+- operand part: per present AP operand in field order, its position among the fields, 1 if written, then
   AP.row.
-- sync_row: engine, queue, wait count, signal count, each wait's semaphore and value, each signal.
-- field_row: the opcode's position in TABLE, engine, queue, then each field but the APs (an F32 as its
+- sync part: engine, queue, wait count, signal count, each wait's semaphore and value, each signal.
+- field part: the opcode's position in TABLE, engine, queue, then each field but the APs (an F32 as its
   double's bits, an I32X4 as four words, the others as one).
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ from trnc.isa.ap import AP, Engine
 from trnc.isa.opcodes import TABLE, Kind
 
 OPERAND_PREFIX_WORDS = 2
+HEAD_WORDS = 3        # of Instruction.rows: the lengths of its operand, sync and field parts
+_HEAD = struct.Struct("<3q")
 _FIELD_ROW_HEAD = 3   # words before the fields: opcode, engine, queue
 _SYNC_ROWS = {n: struct.Struct(f"<{n}q") for n in range(4, 64)}   # by length in words
 _INT = {int}
@@ -60,32 +63,52 @@ _OPCODES = {op.name: _opcode_rows(code) for code, op in enumerate(TABLE)}
 
 
 def field_words(opcode: str, name: str) -> tuple[int, int]:
-    """Where field `name` (not an AP) of `opcode` lies in field_row: (first word, words)."""
+    """Where field `name` (not an AP) of `opcode` lies in the field part: (first word, words)."""
     return _OPCODES[opcode].words[name]
 
 
-def instruction_rows(ins) -> tuple[bytes | None, bytes | None, bytes | None]:
-    """(operand_rows, sync_row, field_row) of an Instruction. The operand and field rows need the opcode known
-    and the fields named as in the table."""
+def instruction_rows(ins) -> bytes:
+    """Instruction.rows of an Instruction. The operand and field parts need the opcode known and the fields named
+    as in the table."""
     try:
         rows = _OPCODES.get(ins.opcode)
         args = ins.args
         if rows is None or tuple(map(itemgetter(0), args)) != rows.names:
-            return None, sync_row(ins), None
+            return _joined(None, sync_row(ins), None)
     except TypeError:   # an unhashable opcode, args not pairs
-        return None, sync_row(ins), None
-    return _operand_rows(args, rows), sync_row(ins), _field_row(ins.engine, ins.queue, args, rows)
+        return _joined(None, sync_row(ins), None)
+    return _joined(_operand_rows(args, rows), sync_row(ins), _field_row(ins.engine, ins.queue, args, rows))
 
 
 def checked_rows(opcode: str, engine: Engine, queue: int, args, sync_words: tuple[int, ...], waits: int,
-                 signals: int) -> tuple[bytes, bytes, bytes]:
+                 signals: int) -> bytes:
     """instruction_rows of an instruction whose every field its maker has checked (isa/decoding.py): the sync
-    row straight from its words (its waits' semaphores and values, then its signals), the others without the
+    part straight from its words (its waits' semaphores and values, then its signals), the others without the
     check of the field names."""
     rows = _OPCODES[opcode]
-    return (_operand_rows(args, rows), _sync_packer(4 + len(sync_words)).pack(engine, queue, waits, signals,
-                                                                              *sync_words),
-            _field_row(engine, queue, args, rows))
+    return _joined(_operand_rows(args, rows), _sync_packer(4 + len(sync_words)).pack(engine, queue, waits, signals,
+                                                                                     *sync_words),
+                   _field_row(engine, queue, args, rows))
+
+
+def parts(rows: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(operand part, sync part, field part) of an Instruction.rows, None where absent."""
+    found, at = [], 8 * HEAD_WORDS
+    for words in _HEAD.unpack_from(rows):
+        found.append(rows[at:at + 8 * words] if words >= 0 else None)
+        at += 8 * max(words, 0)
+    return found[0], found[1], found[2]
+
+
+def with_sync_row(rows: bytes, ins) -> bytes:
+    """`rows` with the sync part of `ins` instead of its own (an instruction whose waits or signals changed)."""
+    operand, _, field = parts(rows)
+    return _joined(operand, sync_row(ins), field)
+
+
+def _joined(operand: bytes | None, sync: bytes | None, field: bytes | None) -> bytes:
+    present = [p for p in (operand, sync, field) if p is not None]
+    return b"".join([_HEAD.pack(*(len(p) // 8 if p is not None else -1 for p in (operand, sync, field))), *present])
 
 
 def _operand_rows(args, rows: _OpcodeRows) -> bytes | None:

@@ -1,7 +1,7 @@
 """The sync table of a program: each instruction's queue and its semaphore waits and signals as int64 columns.
 
 What the ordering rules read (isa/races.py's happens-before order) and what decides the runtimes' execution
-order (runtime/reference.py), joined from the rows the instructions carry (Instruction.sync_row) and kept with
+order (runtime/reference.py), read out of the rows the instructions carry (isa/row_table.py) and kept with
 the program while it lives, as isa/operand_table.py keeps the operands. Waits and signals are flattened in
 program order (and each instruction's own order), with row starts per instruction.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from operator import attrgetter
 
 import numpy as np
 
 from trnc.isa.ap import Engine, queue_name
 from trnc.isa.program import Program, kept_with_program
+from trnc.isa.row_table import RowTable, row_table
 
 
 @dataclass(frozen=True)
@@ -49,19 +49,17 @@ class SyncTable:
 def sync_table(program: Program) -> SyncTable:
     """The program's sync table, built on first use; TypeError when a wait, signal, engine or queue is not an
     integer (a wait not a pair)."""
-    return _build(program.instructions)
+    return _build(row_table(program))
 
 
-def _build(instructions) -> SyncTable:
-    """From the rows the instructions carry (Instruction.sync_row), joined: engine, queue, wait count, signal
-    count, the waits' (semaphore, value) words and the signals'."""
-    rows = list(map(attrgetter("sync_row"), instructions))
-    if None in rows:
-        raise TypeError("a queue, wait or signal is not an integer (or a wait not a pair, an engine not an Engine)")
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)) // 8
-    words = np.frombuffer(b"".join(rows), dtype=np.int64)
-    at = _first(lengths)[:-1]
+def _build(rows: RowTable) -> SyncTable:
+    """From the sync rows of the row table: engine, queue, wait count, signal count, the waits' (semaphore, value)
+    words and the signals'."""
+    at, length = rows.part(1)
+    words = rows.words
     engine, queue, wait_counts, signal_counts = (words[at + k] for k in range(4))
+    if np.any(4 + 2 * wait_counts + signal_counts != length):
+        raise TypeError("a sync row is not whole")
     waits = words[_spans(at + 4, 2 * wait_counts)]
     queue_values, queue = np.unique(queue, return_inverse=True)
     pairs, first, inverse = np.unique(queue.reshape(-1) * len(Engine) + engine, return_index=True,

@@ -300,7 +300,7 @@ def _table(program: Program) -> OperandTable | None:
 
 def _forms(program: Program, table: OperandTable | None) -> np.ndarray | None:
     """Per instruction, an id shared by exactly the instructions of one _form_key: the same field row
-    (Instruction.field_row: opcode, engine, queue, field names, every field but the APs) and instruction form of
+    (isa/field_table.py: opcode, engine, queue, every field but the APs) and instruction form of
     the operand table (each AP operand's field and AP but for its place, and which operands are identical);
     None when an instruction has no field row or the program no table."""
     if table is None:

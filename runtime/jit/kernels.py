@@ -130,7 +130,7 @@ class KernelSig:
 
 @dataclass(frozen=True)
 class FieldColumns:
-    """The fields of some instructions of one opcode as columns, from their field rows (Instruction.field_row),
+    """The fields of some instructions of one opcode as columns, from their field rows (isa/field_table.py),
     with the dtype of each named operand: what a lowering computes its dynamic words from, for all at once."""
 
     opcode: str

@@ -24,7 +24,7 @@ from trnc.isa.encoding import LAYOUT_DOC, MAGIC, encode, f32_bits, f32_value
 from trnc.isa.enums import ActFunc, ReduceOp
 from trnc.isa.opcodes import TABLE, Kind, opspec
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
-from trnc.isa.rows import instruction_rows
+from trnc.isa.rows import instruction_rows, parts
 
 # ---------------------------------------------------------------------------------------------
 # Round trips
@@ -38,8 +38,8 @@ def test_decode_inverts_encode(program):
     assert_programs_identical(decoded, program)
     assert encode(decoded) == data
     for ins in decoded.instructions:   # the rows the decoder packs are those the instruction would pack itself
-        assert (ins.operand_rows, ins.sync_row, ins.field_row) == instruction_rows(ins)
-        assert None not in instruction_rows(ins)
+        assert ins.rows == instruction_rows(ins)
+        assert None not in parts(ins.rows)
 
 
 @pytest.mark.parametrize("spec", TABLE, ids=lambda op: op.name)

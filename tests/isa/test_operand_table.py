@@ -128,6 +128,6 @@ def test_replacing_waits_or_signals_keeps_the_rows_an_instruction_would_pack():
         for changed in (ins.replace(waits=((k, 2),)), ins.replace(signals=(3, k)),
                         ins.replace(waits=((1, 1), (2, 2)), signals=(4,)), ins.replace(waits=((True, 1),)),
                         ins.replace(args=ins.args, waits=((5, 6),))):
-            assert (changed.operand_rows, changed.sync_row, changed.field_row) == instruction_rows(changed)
+            assert changed.rows == instruction_rows(changed)
             assert changed == Instruction(changed.opcode, changed.engine, changed.args, changed.queue,
                                           changed.waits, changed.signals)

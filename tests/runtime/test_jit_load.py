@@ -11,6 +11,7 @@ import pytest
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem
 from trnc.isa.operand_table import build
 from trnc.runtime.jit.kernels import FieldColumns
+from trnc.isa import rows
 
 F32, BF16 = DType.FP32, DType.BF16
 
@@ -79,7 +80,7 @@ def test_field_columns_round_immediates_as_numpy_rounds_a_python_float():
     instructions = [Instruction.make("activation", Engine.ACT, dst=AP(Mem.SBUF, F32, 1, ((1, 1),)),
                                      src=AP(Mem.SBUF, F32, 1, ((1, 1),)), func=ActFunc.EXP, scale=v, bias=-v)
                     for v in values]
-    words = np.array([np.frombuffer(ins.field_row, dtype=np.int64) for ins in instructions])
+    words = np.array([np.frombuffer(rows.parts(ins.rows)[2], dtype=np.int64) for ins in instructions])
     fields = FieldColumns("activation", words, lambda name: None)
     expected = [int(np.array([v], dtype=np.float32).view(np.uint32)[0]) for v in values]
     assert fields.f32("scale").tolist() == expected
