@@ -312,6 +312,19 @@ def _row_starts_ir(module: ir.Module) -> None:
     b.ret(b.select(tiled, _i(0), _i(-1)))
 
 
+def _gather_columns_ir(module: ir.Module) -> None:
+    """gather_columns(rows, width, words, starts, out): out[c * rows + r] = words[starts[r] + c], the row-major
+    spans of `words` gathered into column-major [width, rows]."""
+    fn, b = _function(module, "trnc_gather_columns", 5)
+    rows, width, *arrays = fn.args
+    words, starts, out = (b.inttoptr(a, _P) for a in arrays)
+    with b.loop(_i(0), rows) as r:
+        start = b.get(starts, r)
+        with b.loop(_i(0), width) as c:
+            b.store(b.get(words, b.add(start, c)), b.at(out, b.add(b.mul(c, rows), r)))
+    b.ret(_i(0))
+
+
 class _Native:
     """The functions, compiled for the host into an MCJIT engine of their own (kept for the process). Not through
     runtime/jit/codegen.py's Codegen: the isa layer imports no runtime (and these loops want no kernel cache)."""
@@ -320,7 +333,7 @@ class _Native:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         module = ir.Module(name="trnc_native")
-        for build in (_clocks_ir, _order_ir, _pairs_ir, _row_ids_ir, _row_starts_ir):
+        for build in (_clocks_ir, _order_ir, _pairs_ir, _row_ids_ir, _row_starts_ir, _gather_columns_ir):
             build(module)
         triple = llvm.get_process_triple()
         machine = llvm.Target.from_triple(triple).create_target_machine(opt=2, jit=True)
@@ -340,6 +353,7 @@ class _Native:
         self.pairs = function("trnc_pairs", 8 + len(PAIR_ARGS))
         self.row_ids = function("trnc_row_ids", 6)
         self.row_starts = function("trnc_row_starts", 4)
+        self.gather_columns = function("trnc_gather_columns", 5)
 
 
 _native: _Native | None = None
@@ -530,6 +544,17 @@ def row_starts(words: np.ndarray, n: int) -> np.ndarray:
     if n and _functions().row_starts(n, words.ctypes.data, len(words), at.ctypes.data) != 0 or not n and len(words):
         raise ValueError("the rows' heads do not tile their words")
     return at
+
+
+def gather_columns(words: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """[width, len(starts)]: column c of row r is words[starts[r] + c] (numpy's words[starts + arange(width)[:,
+    None]] without its index array)."""
+    words, starts = _ints(words, starts)
+    _within(starts, 0, len(words) - width + 1, "row start")
+    out = np.empty((width, len(starts)), dtype=np.int64)
+    if len(starts) and width:
+        _functions().gather_columns(len(starts), width, words.ctypes.data, starts.ctypes.data, out.ctypes.data)
+    return out
 
 
 def _buckets(sizes: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> tuple[int, list[np.ndarray]]:

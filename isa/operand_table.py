@@ -140,7 +140,7 @@ def from_rows(instructions, rows: RowTable) -> OperandTable:
     first = np.zeros(len(instructions) + 1, dtype=np.int64)
     np.cumsum(counts, out=first[1:])
     row_at = np.repeat(at - _WORDS * first[:-1], counts) + _WORDS * np.arange(int(first[-1]))
-    words = rows.words[row_at + np.arange(_WORDS)[:, None]]   # [_WORDS, rows]
+    words = native.gather_columns(rows.words, row_at, _WORDS)   # [_WORDS, rows]
     instr = np.repeat(np.arange(len(instructions)), counts)
     columns = dict(zip(ROW_FIELDS, words[OPERAND_PREFIX_WORDS:]))
     pairs = words[OPERAND_PREFIX_WORDS + len(ROW_FIELDS):].T

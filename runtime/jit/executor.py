@@ -129,11 +129,12 @@ class _Shape:
 @dataclass(frozen=True)
 class _DriverTable:
     """The (kernel address, argument block address) rows the drivers walk, the blocks they point into, the
-    instruction index of each row, and the step count of each piece of each instruction in execution order."""
+    instruction index of each row, and (of a table of pieces) the step count of each piece of each instruction in
+    execution order."""
 
     table: np.ndarray
     blocks: np.ndarray
-    owners: list[int]
+    owners: np.ndarray
     pieces: list[tuple[int, ...]]
 
 
@@ -314,9 +315,10 @@ class JitProgram:
         driver = np.empty((len(steps), 2), dtype=np.int64)
         driver[:, 0] = address[steps]
         driver[:, 1] = blocks.ctypes.data + 8 * block_at[steps]
-        per_unit = iter(counts.tolist())
-        pieces = [(c,) for c in per_unit] if parts == 1 else [tuple(next(per_unit) for _ in range(n)) for n in pieces]
-        return _DriverTable(driver, blocks, np.repeat(np.array(owners, dtype=np.int64), counts).tolist(), pieces)
+        if parts > 1:   # the parallel driver's schedule reads them
+            per_unit = iter(counts.tolist())
+            pieces = [tuple(next(per_unit) for _ in range(n)) for n in pieces]
+        return _DriverTable(driver, blocks, np.repeat(np.asarray(owners, dtype=np.int64), counts), pieces)
 
     # -- run time -----------------------------------------------------------------------------------
 
@@ -423,8 +425,8 @@ class JitProgram:
             return np.array(array, order="C", copy=True)
         return array
 
-    def _fault(self, owners: list[int], code: int, status: np.ndarray) -> ExecutionError:
-        index = owners[int(status[0])]
+    def _fault(self, owners: np.ndarray, code: int, status: np.ndarray) -> ExecutionError:
+        index = int(owners[int(status[0])])
         ins = self.program.instructions[index]
         where = f"instruction {index} ({ins.opcode} on {ins.queue_name})"
         if code == FAULT_GATHER_INDEX:

@@ -192,3 +192,15 @@ def test_row_ids_number_the_distinct_rows_in_order_of_first_appearance(shape):
     firsts: dict[tuple, int] = {}
     want = [firsts.setdefault(tuple(row), len(firsts)) for row in key.tolist()]
     assert got.tolist() == want
+
+
+def test_gather_columns_is_numpys_gather_and_refuses_spans_past_the_words():
+    rng = np.random.default_rng(5)
+    words = rng.integers(-2**62, 2**62, 100)
+    starts = rng.integers(0, 100 - 7, 40)
+    assert np.array_equal(native.gather_columns(words, starts, 7), words[starts + np.arange(7)[:, None]])
+    assert native.gather_columns(words, np.zeros(0, dtype=np.int64), 7).shape == (7, 0)
+    with pytest.raises(ValueError, match="row start"):
+        native.gather_columns(words, np.array([94]), 7)
+    with pytest.raises(ValueError, match="row start"):
+        native.gather_columns(words, np.array([-1]), 7)
