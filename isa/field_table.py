@@ -17,6 +17,9 @@ from trnc.isa.program import kept_with_program
 from trnc.isa.row_table import RowTable, join, row_table
 
 
+QUEUE_WORD = 2   # of a field row: opcode, engine, queue, then the fields
+
+
 @dataclass(frozen=True)
 class FieldTable:
     """`words[at[i]:at[i] + lengths[i]]` is instruction i's field row."""
@@ -38,13 +41,18 @@ class FieldTable:
         """[len(members), words] of the rows of `members`, instructions of one opcode (so of one row length)."""
         return self.words[self.at[members][:, None] + np.arange(int(self.lengths[members[0]]))]
 
+    @property
+    def queue(self) -> np.ndarray:
+        return self.words[self.at + QUEUE_WORD]
+
     @cached_property
     def ids(self) -> np.ndarray:
-        """Per instruction, an id shared by exactly the instructions whose rows are equal: over each row's length
-        and its words, padded with zeros to the longest."""
+        """Per instruction, an id shared by exactly the instructions whose rows are equal but for the queue (the
+        verifier's forms: its queue rule is checked on every instruction apart): over each row's length and its
+        words, padded with zeros to the longest, the queue's word zero."""
         width = int(self.lengths.max(initial=0))
         reach = np.arange(width)
-        inside = reach < self.lengths[:, None]
+        inside = (reach < self.lengths[:, None]) & (reach != QUEUE_WORD)
         words = np.where(inside, self.words[np.where(inside, self.at[:, None] + reach, 0)], 0)
         return row_ids(np.column_stack([self.lengths, words]))
 

@@ -217,7 +217,7 @@ class _Accesses:
         return name, ap
 
 
-def _accesses(program: Program, indices: list[int]) -> _Accesses:
+def _accesses(program: Program, indices: np.ndarray) -> _Accesses:
     """The accesses of the instructions `indices` (sorted), as numpy over the rows of the program's operand table."""
     try:
         table = operand_table(program)
@@ -240,12 +240,12 @@ def _accesses(program: Program, indices: list[int]) -> _Accesses:
                      table.byte_range[1][at] + shift, table.slot[at], footprints)
 
 
-def _accesses_per_ap(program: Program, indices: list[int]) -> _Accesses:
+def _accesses_per_ap(program: Program, indices: np.ndarray) -> _Accesses:
     """_accesses for a program without an operand table: footprint() of each distinct AP."""
     rows = []
     boxes: dict[AP, tuple[int, ...]] = {}
     base = _tensor_base(program).tolist()
-    for i in indices:
+    for i in np.asarray(indices).tolist():
         for slot, (_, ap, write) in enumerate(program.instructions[i].operands()):
             box = boxes.get(ap)
             if box is None:
@@ -270,7 +270,7 @@ def _tensor_base(program: Program) -> np.ndarray:
     return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes)])
 
 
-def find_races(program: Program, ordering: Ordering, indices: list[int],
+def find_races(program: Program, ordering: Ordering, indices: np.ndarray,
                describe: Callable[[int], str]) -> list[Problem]:
     """A `race` problem per pair of instructions (among `indices`) on different queues that share a byte,
     one writing it, with no happens-before chain between them; reported at the later one in topological order."""

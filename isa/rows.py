@@ -146,9 +146,10 @@ def sync_row(ins) -> bytes | None:
 
 
 def _field_row(engine, queue, args, rows: _OpcodeRows) -> bytes | None:
-    """None unless the engine is an Engine and every value of its kind's Python type."""
+    """None unless the engine is an Engine, the queue an int (a bool is not) and every value of its kind's Python
+    type."""
     try:
-        if type(engine) is not Engine:
+        if type(engine) is not Engine or type(queue) is not int:
             return None
         values = [args[k][1] for k in rows.plain]
         if rows.wide is not None:   # an I32X4 must be a tuple, and no other field is one

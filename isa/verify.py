@@ -284,8 +284,8 @@ def _instruction(ctx: Ctx, ins: Instruction) -> tuple[list[Problem], bool]:
 
 
 def _form_key(ins: Instruction) -> tuple:
-    """Everything the rules read but the places of the access patterns."""
-    return (ins.opcode, ins.engine, ins.queue,
+    """Everything the rules read but the places of the access patterns and the queue."""
+    return (ins.opcode, ins.engine,
             tuple((k, (v.mem, v.dtype, v.partitions, v.dims, v.partition_stride) if isinstance(v, AP) else v)
                   for k, v in ins.args))
 
@@ -321,7 +321,8 @@ def _engines(program: Program) -> np.ndarray:
 
 
 def _place_problems(ctx: Ctx, ins: Instruction) -> Iterator[Problem]:
-    """The rules that read places, on an instruction whose form has passed every rule elsewhere."""
+    """The rules that read places and the queue, on an instruction whose form has passed every rule elsewhere."""
+    yield from _queue(ctx, ins)
     for name, ap, write in ins.operands():
         for rule in place_operand:
             yield from rule(ctx, ins, name, ap, write)
@@ -334,7 +335,9 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
     superset, computed over the operand table at once; the others have no problem. Each test below is a
     necessary condition of a rule of _place_problems failing (tests/isa/test_verify_places.py holds it to that)."""
     hw, tensors = ctx.hw, ctx.program.tensors
-    rows = np.flatnonzero(np.isin(table.instr, indices))
+    chosen = np.zeros(len(table.first) - 1, dtype=bool)
+    chosen[indices] = True
+    rows = np.flatnonzero(chosen[table.instr])
     mem, start, parts, offset, tensor = (c[rows] for c in (table.mem, table.start, table.partitions, table.offset,
                                                            table.tensor))
     lo, hi = (c[rows] for c in table.byte_range)
@@ -352,8 +355,20 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
                       (tensor != -1) | (start < 0) | (start + parts > hw.partitions)
                       | ((engine != Engine.DMA) & ~aligned))
            | ((mem == Mem.PSUM) & (lo // hw.psum_bank_bytes != (hi - 1) // hw.psum_bank_bytes)))
-    suspects = [table.instr[rows[bad]], _overlap_suspects(table, rows)]
+    suspects = [table.instr[rows[bad]], _overlap_suspects(table, rows), _queue_suspects(ctx, indices)]
     return np.unique(np.concatenate(suspects))
+
+
+def _queue_suspects(ctx: Ctx, indices: np.ndarray) -> np.ndarray:
+    """The instructions among `indices` whose queue breaks rule `queue`, over the field table when the program has
+    one."""
+    try:
+        fields = field_table(ctx.program)
+    except TypeError:
+        return np.array([i for i in indices.tolist() if next(_queue(ctx, ctx.program.instructions[i]), None)],
+                        dtype=np.int64)
+    engine, queue = fields.engine[indices], fields.queue[indices]
+    return indices[np.where(engine == Engine.DMA, (queue < 0) | (queue >= DMA_QUEUES), queue != 0)]
 
 
 def _overlap_suspects(table: OperandTable, rows: np.ndarray) -> np.ndarray:
@@ -391,13 +406,13 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
         table = _table(program)
         forms = _forms(program, table)
         later = _check_by_key(ctx, found, sound) if forms is None else _check_by_form(ctx, forms, found, sound)
-        unsound = set()
+        formed = np.zeros(len(program.instructions), dtype=bool)
+        formed[sound] = formed[later] = True
         for i in _recheck(ctx, table, later):
             problems, ok = _instruction(ctx, program.instructions[i])
             found.extend(Violation(i, rule, msg) for rule, msg in problems)
-            if not ok:
-                unsound.add(i)
-        sound = sorted([*sound, *(i for i in later if i not in unsound)])
+            formed[i] = ok
+        sound = np.flatnonzero(formed)
         try:
             ordering, problems = races.order(program)
         except TypeError:   # a wait, signal, engine or queue that is not an integer; engines and queues are above
@@ -421,7 +436,7 @@ def _check_one(ctx: Ctx, i: int, found: list[Violation], sound: list[int]) -> bo
     return not problems
 
 
-def _check_by_form(ctx: Ctx, forms: np.ndarray, found: list[Violation], sound: list[int]) -> list[int]:
+def _check_by_form(ctx: Ctx, forms: np.ndarray, found: list[Violation], sound: list[int]) -> np.ndarray:
     """The first instruction of each form (_forms) fully; of the others, those of a form that passed are returned
     (for the place rules) and those of a form that failed checked each fully."""
     ids, leaders = np.unique(forms, return_index=True)
@@ -432,10 +447,10 @@ def _check_by_form(ctx: Ctx, forms: np.ndarray, found: list[Violation], sound: l
     others[leaders] = False
     for i in np.flatnonzero(others & ~passed[forms]).tolist():
         _check_one(ctx, i, found, sound)
-    return np.flatnonzero(others & passed[forms]).tolist()
+    return np.flatnonzero(others & passed[forms])
 
 
-def _check_by_key(ctx: Ctx, found: list[Violation], sound: list[int]) -> list[int]:
+def _check_by_key(ctx: Ctx, found: list[Violation], sound: list[int]) -> np.ndarray:
     """_check_by_form for a program without forms, by each instruction's _form_key in Python."""
     passed: set[tuple] = set()
     later: list[int] = []
@@ -449,17 +464,17 @@ def _check_by_key(ctx: Ctx, found: list[Violation], sound: list[int]) -> list[in
             later.append(i)
         elif _check_one(ctx, i, found, sound) and key is not None:
             passed.add(key)
-    return later
+    return np.array(later, dtype=np.int64)
 
 
-def _recheck(ctx: Ctx, table: OperandTable | None, later: list[int]) -> list[int]:
+def _recheck(ctx: Ctx, table: OperandTable | None, later: np.ndarray) -> list[int]:
     """Those of `later` (instructions of forms that passed) that every rule must see again: the place rules'
     suspects over the operand table, or (a program without one) the instructions they fault on."""
-    if not later:
+    if not len(later):
         return []
     if table is None:
-        return [i for i in later if next(_place_problems(ctx, ctx.program.instructions[i]), None) is not None]
-    return _place_suspects(ctx, table, np.array(later, dtype=np.int64)).tolist()
+        return [i for i in later.tolist() if next(_place_problems(ctx, ctx.program.instructions[i]), None) is not None]
+    return _place_suspects(ctx, table, later).tolist()
 
 
 def verify(program: Program, hw: HwConfig | None = None) -> None:

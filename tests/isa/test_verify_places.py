@@ -119,4 +119,20 @@ def test_instructions_of_one_form_have_one_form_key():
     keys: dict = {}
     for ins, form in zip(program.instructions, forms):
         assert keys.setdefault(form, verifier._form_key(ins)) == verifier._form_key(ins)
-    assert len(set(keys.values())) > 30
+    assert len(set(keys.values())) > 25   # the queue is not in the key: it is checked apart, like places
+
+
+@pytest.mark.parametrize("queue", [16, -1, True, 2**63])
+def test_a_queue_out_of_range_is_refused_after_an_instruction_of_its_form_passed(queue):
+    """The queue is not part of a form (the rule is checked on every instruction apart): a DMA on a queue out of
+    range, or not an integer, after the same DMA on a valid queue; a compute engine on a queue but 0 likewise."""
+    rng = random.Random(7)
+    good = _instruction(rng)
+    while good.opcode != "dma_copy" or verifier.check(Program(TENSORS, (good,), TARGET)):
+        good = _instruction(rng)
+    found = verifier.check(Program(TENSORS, (good, good.replace(queue=queue)), TARGET))
+    assert {(v.index, v.rule) for v in found} - {(1, "race")} == {(1, "queue")}   # on two queues, they may race
+    while good.opcode != "tensor_tensor" or verifier.check(Program(TENSORS, (good,), TARGET)):
+        good = _instruction(rng)
+    found = verifier.check(Program(TENSORS, (good, good.replace(queue=1 if queue is not True else queue)), TARGET))
+    assert [(v.index, v.rule) for v in found] == [(1, "queue")]
