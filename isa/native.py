@@ -436,8 +436,8 @@ def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str,
     `columns` (`writes` per queue group; `pos`, the access's instruction's position in its queue, and PAIR_ARGS[3:9]
     per access, grouped by queue), with the rows of clock and ranked (clocks()) of the accesses' instructions, the
     ordering's queue id of each group and the instruction count of each queue id. Time runs of at most `scan_limit`
-    accesses are scanned, longer ones searched by byte bucket. The groups are shared among up to `threads` threads,
-    which run the native loop at once (ctypes lets go of the GIL)."""
+    accesses are scanned, longer ones searched by byte bucket. Up to `threads` threads walk the groups, each taking
+    the next group not yet walked (ctypes lets go of the GIL in the native loop)."""
     queue_start, queue_id, queue_length = _ints(queue_start, queue_id, queue_length)
     arrays = dict(zip(("writes", "pos", *PAIR_ARGS[3:9]), _ints(*(columns[name] for name in ("writes", "pos",
                                                                                             *PAIR_ARGS[3:9])))))
@@ -463,64 +463,62 @@ def race_pairs(queue_start: np.ndarray, queue_id: np.ndarray, columns: dict[str,
             np.diff(group) == 0] < 0):
         raise ValueError("positions outside their queue or out of queue order")
     fa_start = _starts(lengths + 1)
-    stride = int(lengths.max(initial=0)) + 1
-    fa = np.searchsorted(group * stride + arrays["pos"], np.repeat(np.arange(queues) * stride, lengths + 1)
-                         + np.arange(int((lengths + 1).sum())) - np.repeat(fa_start, lengths + 1))
+    # fa[fa_start[g] + k]: the accesses before group g's of its instructions from the k-th on, counted
+    before = np.bincount(fa_start[group] + arrays["pos"], minlength=int((lengths + 1).sum()))
+    fa = np.cumsum(before) - before
     shared = [queue_start, queue_id, *(arrays[name] for name in PAIR_ARGS[2:9]), clock, ranked, lengths, fa_start,
               *_ints(fa)]
-    cuts = _thread_cuts(sizes, threads)
-    results: list[np.ndarray | None] = [None] * (len(cuts) - 1)
+    results: list[np.ndarray | None] = [None] * queues
 
-    def walk(part: int, buckets: int, bucket_columns: list[np.ndarray]) -> None:
-        """Part `part`'s pairs into results, or None when it meets a long run and there are no buckets."""
+    def walk(group: int, buckets: int, bucket_columns: list[np.ndarray]) -> None:
+        """The pairs of queue group `group` as the later side into results, or None when it meets a long run and
+        there are no buckets."""
         pointers = [np.zeros(max(queues * buckets, 1), dtype=np.int64) for _ in range(2)]   # lo_at, hi_at
         addresses = [a.ctypes.data for a in (*shared, *bucket_columns, *pointers)]
-        cap = 4096
+        cap = 4 * int(sizes[group]) + 4096   # enough for a synchronized program's; else the walk runs again
         while True:
             out = np.empty(2 * cap, dtype=np.int64)
-            found = _functions().pairs(cuts[part], cuts[part + 1], queues, clock.shape[1], buckets, scan_limit,
+            found = _functions().pairs(group, group + 1, queues, clock.shape[1], buckets, scan_limit,
                                        out.ctypes.data, cap, *addresses)
             if found <= cap:
-                results[part] = out[:2 * found].reshape(-1, 2) if found >= 0 else None
+                results[group] = out[:2 * found].reshape(-1, 2) if found >= 0 else None
                 return
             cap = found
 
-    _in_threads(walk, range(len(cuts) - 1), 0, [np.zeros(1, dtype=np.int64)] * 4)
-    unfinished = [part for part, found in enumerate(results) if found is None]
+    largest_first = np.argsort(-sizes, kind="stable").tolist()   # so that no long walk starts last
+    _in_threads(walk, largest_first, threads, 0, [np.zeros(1, dtype=np.int64)] * 4)
+    unfinished = [group for group, found in enumerate(results) if found is None]
     if unfinished:   # queues that rarely synchronize: their long runs are searched by byte bucket
-        _in_threads(walk, unfinished, *_buckets(sizes, arrays["blo"], arrays["bhi"]))
-    pairs = np.concatenate(results)
+        _in_threads(walk, unfinished, threads, *_buckets(sizes, arrays["blo"], arrays["bhi"]))
+    pairs = np.concatenate([np.zeros((0, 2), dtype=np.int64), *results])
     return pairs[:, 0], pairs[:, 1]
 
 
-def _in_threads(work: Callable[..., None], parts, *args) -> None:
-    """work(part, *args) for each part, the first in this thread and the others each in a thread of its own; the
-    first error any raised is raised again here, once all have ended."""
+def _in_threads(work: Callable[..., None], parts, threads: int, *args) -> None:
+    """work(part, *args) for each part, on up to `threads` threads (this one and helpers), each taking the next
+    part not yet taken; the first error any raised is raised again here, once all have ended."""
     errors: list[BaseException] = []
+    pending = iter(list(parts))
+    lock = threading.Lock()
 
-    def guarded(part: int) -> None:
-        try:
-            work(part, *args)
-        except BaseException as e:   # re-raised below, in the caller's thread
-            errors.append(e)
-    parts = list(parts)
-    helpers = [threading.Thread(target=guarded, args=(part,)) for part in parts[1:]]
+    def worker() -> None:
+        while not errors:
+            with lock:
+                part = next(pending, None)
+            if part is None:
+                return
+            try:
+                work(part, *args)
+            except BaseException as e:   # re-raised below, in the caller's thread
+                errors.append(e)
+    helpers = [threading.Thread(target=worker) for _ in range(max(threads, 1) - 1)]
     for helper in helpers:
         helper.start()
-    if parts:
-        guarded(parts[0])
+    worker()
     for helper in helpers:
         helper.join()
     if errors:
         raise errors[0]
-
-
-def _thread_cuts(sizes: np.ndarray, threads: int) -> list[int]:
-    """Up to `threads` consecutive ranges of queue groups, cut where the accesses before reach equal shares."""
-    total = np.cumsum(sizes)
-    cuts = [0, *np.searchsorted(total, total[-1] * np.arange(1, threads) / threads).tolist(), len(sizes)] if \
-        len(sizes) else [0, 0]
-    return sorted(set(cuts))
 
 
 def row_ids(key: np.ndarray) -> np.ndarray:
