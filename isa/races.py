@@ -270,17 +270,31 @@ def _tensor_base(program: Program) -> np.ndarray:
     return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes)])
 
 
-def find_races(program: Program, ordering: Ordering, indices: np.ndarray,
-               describe: Callable[[int], str]) -> list[Problem]:
-    """A `race` problem per pair of instructions (among `indices`) on different queues that share a byte,
-    one writing it, with no happens-before chain between them; reported at the later one in topological order."""
+@dataclass(frozen=True)
+class Candidates:
+    """The accesses of some instructions and their race candidates: pairs (a, b) of access ids (_candidates)."""
+
+    indices: np.ndarray
+    acc: _Accesses
+    pairs: list[tuple[int, int]]
+
+
+def candidates(program: Program, ordering: Ordering, indices: np.ndarray) -> Candidates:
+    """The race candidates among the instructions `indices` (sorted)."""
     acc = _accesses(program, indices)
-    if not acc.instr.size:
-        return []
-    queue = ordering.queue[acc.instr]
+    pairs = list(_candidates(acc, ordering, ordering.queue[acc.instr])) if acc.instr.size else []
+    return Candidates(indices, acc, pairs)
+
+
+def find_races(program: Program, ordering: Ordering, found_candidates: Candidates,
+               describe: Callable[[int], str]) -> list[Problem]:
+    """A `race` problem per pair of instructions (among the candidates' instructions) on different queues that
+    share a byte, one writing it, with no happens-before chain between them; reported at the later one in
+    topological order."""
+    acc = found_candidates.acc
     found: dict[tuple[int, int], Problem] = {}
     exact = _ExactTest(program, acc)
-    for ga, gb in _candidates(acc, ordering, queue):
+    for ga, gb in found_candidates.pairs:
         pair = (int(acc.instr[ga]), int(acc.instr[gb]))
         if pair not in found:
             problem = exact.race(program, ordering, ga, gb, describe)

@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from numbers import Integral, Real
+import threading
 
 import numpy as np
 
+from trnc import flags
 from trnc.errors import VerifyError
 from trnc.isa import races
 from trnc.isa.ap import AP, MAX_AP_ELEMENTS, MAX_COUNT, MAX_FREE_DIMS, STRIDE_LIMIT, Engine, Mem
@@ -404,6 +406,7 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     # over the operand table; every rule runs on the ones those might fault.
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         table = _table(program)
+        ordering_ahead = _ahead(partial(_ordering_and_candidates, program), flags.get("TRNC_THREADS") > 1)
         forms = _forms(program, table)
         later = _check_by_key(ctx, found, sound) if forms is None else _check_by_form(ctx, forms, found, sound)
         formed = np.zeros(len(program.instructions), dtype=bool)
@@ -413,17 +416,57 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
             found.extend(Violation(i, rule, msg) for rule, msg in problems)
             formed[i] = ok
         sound = np.flatnonzero(formed)
-        try:
-            ordering, problems = races.order(program)
-        except TypeError:   # a wait, signal, engine or queue that is not an integer; engines and queues are above
-            ordering, problems = None, [(i, *p) for i, ins in enumerate(program.instructions)
-                                        for p in _sync_problems(ins)]
+        ordering, problems, every_candidate = ordering_ahead()
+        if problems is None:   # a wait, signal, engine or queue that is not an integer; engines and queues are above
+            problems = [(i, *p) for i, ins in enumerate(program.instructions) for p in _sync_problems(ins)]
         found.extend(Violation(*p) for p in problems)
         if ordering is not None:
             describe = partial(assembly, program)
-            found.extend(Violation(*p) for p in races.find_races(program, ordering, sound, describe))
+            candidates = every_candidate if every_candidate is not None and formed.all() else \
+                races.candidates(program, ordering, sound)
+            found.extend(Violation(*p) for p in races.find_races(program, ordering, candidates, describe))
     found.sort(key=lambda v: v.index)
     return found
+
+
+def _ordering_and_candidates(program: Program) -> tuple[races.Ordering | None, list | None, races.Candidates | None]:
+    """races.order (problems None when a sync field is not an integer) and the race candidates of every
+    instruction, as if all were sound (what they are in a valid program; None when they cannot be found)."""
+    try:
+        ordering, problems = races.order(program)
+    except TypeError:
+        return None, None, None
+    if ordering is None:
+        return None, problems, None
+    try:
+        return ordering, problems, races.candidates(program, ordering, np.arange(len(program.instructions)))
+    except (TypeError, ValueError, IndexError, OverflowError):   # an ill-formed operand: check() finds it unsound
+        return ordering, problems, None
+
+
+def _ahead(work: Callable[[], object], threaded: bool) -> Callable[[], object]:
+    """work() begun now on a thread of its own when `threaded` (its numpy and native loops let go of the GIL, so
+    it overlaps the caller's rules), else run when its result is asked for; the function returned gives the
+    result, or raises work's error."""
+    if not threaded:
+        return work
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((work(), None))
+        except BaseException as e:   # raised again in the caller's thread
+            outcome.append((None, e))
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def result():
+        thread.join()
+        value, error = outcome[0]
+        if error is not None:
+            raise error
+        return value
+    return result
 
 
 def _check_one(ctx: Ctx, i: int, found: list[Violation], sound: list[int]) -> bool:

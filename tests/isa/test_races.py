@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 
+from trnc import flags
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, races
 from trnc.isa.operand_table import operand_table
 from trnc.isa.races import operand_overlap, order
@@ -381,6 +382,23 @@ def test_accesses_from_the_table_are_those_of_the_per_ap_path(seed):
     assert table.footprints(some[::-1]).tolist() == per_ap.footprints(some[::-1]).tolist()
     assert [table.operand(program, g) for g in range(len(table.instr))] == \
            [per_ap.operand(program, g) for g in range(len(per_ap.instr))]
+
+
+def test_checking_on_one_thread_or_several_finds_the_same_problems():
+    """With several threads the verifier finds the ordering and the race candidates of every instruction while its
+    rules run, and falls back to the sound ones when a rule fails one: the same violations, in order, as on one
+    thread; on synchronized programs with a wait removed and on programs of ill-formed APs."""
+    rng = random.Random(21)
+    programs = [without_wait(program, i, k) for program in map(synchronized_program, range(0, 40, 3))
+                for i, ins in enumerate(program.instructions) for k in range(len(ins.waits))]
+    programs += [any_program(rng, 60) for _ in range(4)]
+    with flags.override(TRNC_THREADS=1):
+        serial = [check(p) for p in programs]
+    with flags.override(TRNC_THREADS=3):
+        threaded = [check(Program(p.tensors, p.instructions, p.target)) for p in programs]
+    assert threaded == serial
+    assert sum(v.rule == "race" for found in serial for v in found) >= 10
+    assert sum(v.rule != "race" for found in serial[-4:] for v in found) >= 10
 
 
 @pytest.mark.parametrize("block", range(2))
