@@ -107,8 +107,10 @@ def with_sync_row(rows: bytes, ins) -> bytes:
 
 
 def _joined(operand: bytes | None, sync: bytes | None, field: bytes | None) -> bytes:
+    if operand is not None and sync is not None and field is not None:   # the usual case, quickest
+        return b"".join((_HEAD.pack(len(operand) >> 3, len(sync) >> 3, len(field) >> 3), operand, sync, field))
     present = [p for p in (operand, sync, field) if p is not None]
-    return b"".join([_HEAD.pack(*(len(p) // 8 if p is not None else -1 for p in (operand, sync, field))), *present])
+    return b"".join([_HEAD.pack(*(len(p) >> 3 if p is not None else -1 for p in (operand, sync, field))), *present])
 
 
 def _operand_rows(args, rows: _OpcodeRows) -> bytes | None:
