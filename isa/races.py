@@ -274,7 +274,6 @@ def _tensor_base(program: Program) -> np.ndarray:
 class Candidates:
     """The accesses of some instructions and their race candidates: pairs (a, b) of access ids (_candidates)."""
 
-    indices: np.ndarray
     acc: _Accesses
     pairs: list[tuple[int, int]]
 
@@ -283,7 +282,7 @@ def candidates(program: Program, ordering: Ordering, indices: np.ndarray) -> Can
     """The race candidates among the instructions `indices` (sorted)."""
     acc = _accesses(program, indices)
     pairs = list(_candidates(acc, ordering, ordering.queue[acc.instr])) if acc.instr.size else []
-    return Candidates(indices, acc, pairs)
+    return Candidates(acc, pairs)
 
 
 def find_races(program: Program, ordering: Ordering, found_candidates: Candidates,

@@ -361,6 +361,22 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
     return np.unique(np.concatenate(suspects))
 
 
+def _within_memory(ctx: Ctx, table: OperandTable) -> bool:
+    """Whether every operand lies in its memory: on chip inside the partitions and their bytes, in HBM inside a
+    declared tensor. What bounds the race candidates of instructions not yet known sound."""
+    tensors, hw = ctx.program.tensors, ctx.hw
+    tensor = table.tensor
+    known = (tensor >= 0) & (tensor < len(tensors))
+    tensor_bytes = np.array([t.num_bytes for t in tensors] or [0], dtype=np.int64)[np.where(known, tensor, 0)]
+    hbm = table.mem == Mem.HBM
+    size = np.where(hbm, tensor_bytes, np.where(table.mem == Mem.SBUF, hw.sbuf_bytes_per_partition,
+                                                hw.psum_bytes_per_partition))
+    lo, hi = table.byte_range
+    inside = (lo >= 0) & (hi <= size) & np.where(hbm, known, (table.start >= 0) & (table.partitions >= 1)
+                                                  & (table.start + table.partitions <= hw.partitions))
+    return bool(inside.all())
+
+
 def _queue_suspects(ctx: Ctx, indices: np.ndarray) -> np.ndarray:
     """The instructions among `indices` whose queue breaks rule `queue`, over the field table when the program has
     one."""
@@ -406,7 +422,7 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     # over the operand table; every rule runs on the ones those might fault.
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         table = _table(program)
-        ordering_ahead = _ahead(partial(_ordering_and_candidates, program), flags.get("TRNC_THREADS") > 1)
+        ordering_ahead = _ahead(partial(_ordering_and_candidates, ctx, table), flags.get("TRNC_THREADS") > 1)
         forms = _forms(program, table)
         later = _check_by_key(ctx, found, sound) if forms is None else _check_by_form(ctx, forms, found, sound)
         formed = np.zeros(len(program.instructions), dtype=bool)
@@ -429,19 +445,19 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     return found
 
 
-def _ordering_and_candidates(program: Program) -> tuple[races.Ordering | None, list | None, races.Candidates | None]:
+def _ordering_and_candidates(ctx: Ctx, table: OperandTable | None) -> tuple[races.Ordering | None, list | None,
+                                                                          races.Candidates | None]:
     """races.order (problems None when a sync field is not an integer) and the race candidates of every
-    instruction, as if all were sound (what they are in a valid program; None when they cannot be found)."""
+    instruction, as if all were sound (what they are in a valid program); None when they cannot be found, or when
+    an operand lies outside its memory (an invalid program, whose garbage ranges could make the candidates many)."""
+    program = ctx.program
     try:
         ordering, problems = races.order(program)
     except TypeError:
         return None, None, None
-    if ordering is None:
-        return None, problems, None
-    try:
-        return ordering, problems, races.candidates(program, ordering, np.arange(len(program.instructions)))
-    except (TypeError, ValueError, IndexError, OverflowError):   # an ill-formed operand: check() finds it unsound
+    if ordering is None or table is None or not _within_memory(ctx, table):
         return ordering, problems, None
+    return ordering, problems, races.candidates(program, ordering, np.arange(len(program.instructions)))
 
 
 def _ahead(work: Callable[[], object], threaded: bool) -> Callable[[], object]:
