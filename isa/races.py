@@ -223,16 +223,18 @@ def _accesses(program: Program, indices: np.ndarray) -> _Accesses:
         table = operand_table(program)
     except TypeError:   # an ill-formed instruction (not among `indices`) leaves the program without a table
         return _accesses_per_ap(program, indices)
-    chosen = np.zeros(len(program.instructions), dtype=bool)
-    chosen[indices] = True
-    at = np.flatnonzero(chosen[table.instr])
+    at: np.ndarray | slice = slice(None)   # every row, as views, when every instruction is checked
+    if len(indices) < len(program.instructions):
+        chosen = np.zeros(len(program.instructions), dtype=bool)
+        chosen[indices] = True
+        at = np.flatnonzero(chosen[table.instr])
     mem, tensor, start = table.mem[at], table.tensor[at], table.start[at]
     hbm = mem == Mem.HBM
     tensors = len(program.tensors)
     shift = np.where(hbm, _tensor_base(program)[np.where((0 <= tensor) & (tensor < tensors), tensor, tensors)], 0)
 
     def footprints(g: np.ndarray) -> np.ndarray:
-        rows = footprint_table(table, at[g])
+        rows = footprint_table(table, g if isinstance(at, slice) else at[g])
         rows[:2] += shift[g]
         return rows
     return _Accesses(table.instr[at], mem - 1, table.write[at], np.where(hbm, 0, start),
@@ -316,7 +318,8 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
     key = acc.mem * (int(queue.max()) + 1) + queue
     by = np.argsort(key.astype(np.int16) if key.max() < 2**15 else key, kind="stable")
     for part in np.split(by, np.flatnonzero(np.diff(acc.mem[by])) + 1):
-        part = part[_meets_a_write(acc.blo[part], acc.bhi[part], acc.write[part])]
+        if acc.mem[part[0]] == Mem.HBM - 1:   # a weight only ever read (on chip, every buffer is written)
+            part = part[_meets_a_write(acc.blo[part], acc.bhi[part], acc.write[part])]
         if not len(part):
             continue
         group = queue[part]
