@@ -49,6 +49,7 @@ from trnc.isa.program import Program
 from trnc.isa.sync_table import SyncTable, sync_table
 
 EXACT_LIMIT = 1 << 24     # addresses enumerated per access by the exact test; beyond it boxes decide
+PARALLEL_ACCESSES = 4096  # from this many accesses in a memory, TRNC_THREADS threads walk its race candidates
 
 Problem = tuple[int, str, str]   # (instruction index, rule id, message)
 
@@ -329,7 +330,7 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
                    "plo": acc.plo[part], "phi": acc.phi[part], "write": acc.write[part]}
         ia, ib = native.race_pairs(cuts, group[cuts[:-1]], columns, ordering.clock, ordering.ranked,
                                    np.bincount(ordering.queue, minlength=len(ordering.queue_names)),
-                                   threads=flags.get("TRNC_THREADS"))
+                                   threads=flags.get("TRNC_THREADS") if len(part) >= PARALLEL_ACCESSES else 1)
         ga, gb = part[ia], part[ib]
         candidates, where = np.unique(np.concatenate([ga, gb]), return_inverse=True)
         rows = acc.footprints(candidates)

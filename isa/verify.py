@@ -40,6 +40,7 @@ from trnc.isa.verify_opcodes import (
 )
 
 ERROR_LIMIT = 20         # violations spelled out in one VerifyError message
+AHEAD_INSTRUCTIONS = 4096   # from this size, with TRNC_THREADS > 1, the race candidates are found beside the rules
 
 
 
@@ -422,7 +423,8 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
     # over the operand table; every rule runs on the ones those might fault.
     with no_gc():   # hundreds of thousands of small live objects: collecting would free none
         table = _table(program)
-        ordering_ahead = _ahead(partial(_ordering_and_candidates, ctx, table), flags.get("TRNC_THREADS") > 1)
+        ordering_ahead = _ahead(partial(_ordering_and_candidates, ctx, table),
+                                flags.get("TRNC_THREADS") > 1 and len(program.instructions) >= AHEAD_INSTRUCTIONS)
         forms = _forms(program, table)
         later = _check_by_key(ctx, found, sound) if forms is None else _check_by_form(ctx, forms, found, sound)
         formed = np.zeros(len(program.instructions), dtype=bool)

@@ -15,6 +15,7 @@ import pytest
 
 from trnc import flags
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, races
+from trnc.isa import verify
 from trnc.isa.operand_table import operand_table
 from trnc.isa.races import operand_overlap, order
 from trnc.isa.verify import check
@@ -385,7 +386,7 @@ def test_accesses_from_the_table_are_those_of_the_per_ap_path(seed):
            [per_ap.operand(program, g) for g in range(len(per_ap.instr))]
 
 
-def test_checking_on_one_thread_or_several_finds_the_same_problems():
+def test_checking_on_one_thread_or_several_finds_the_same_problems(monkeypatch):
     """With several threads the verifier finds the ordering and the race candidates of every instruction while its
     rules run, and falls back to the sound ones when a rule fails one: the same violations, in order, as on one
     thread; on synchronized programs with a wait removed, on programs of ill-formed APs, and on racing programs
@@ -399,6 +400,8 @@ def test_checking_on_one_thread_or_several_finds_the_same_problems():
     programs += [with_an_unsound_operand(p, i) for p, i in racing]
     with flags.override(TRNC_THREADS=1):
         serial = [check(p) for p in programs]
+    monkeypatch.setattr(verify, "AHEAD_INSTRUCTIONS", 0)   # threads for these small programs too
+    monkeypatch.setattr(races, "PARALLEL_ACCESSES", 0)
     with flags.override(TRNC_THREADS=3):
         threaded = [check(Program(p.tensors, p.instructions, p.target)) for p in programs]
     assert threaded == serial
