@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from trnc.isa import native
+from trnc.isa.native import row_ids
 from trnc.isa.ap import ROW_FIELDS, ROW_WORDS, AP, Mem
 from trnc.isa.dtypes import DType
 from trnc.isa.program import kept_with_program
@@ -109,12 +110,6 @@ class OperandTable:
         per_instruction = np.full((count, width), -1, dtype=np.int64)
         per_instruction[self.instr, self.slot] = code
         return row_ids(per_instruction)
-
-
-def row_ids(key: np.ndarray) -> np.ndarray:
-    """Per row of `key`, an id shared by exactly the equal rows (what np.unique(axis=0)'s inverse gives, numbered
-    in order of first appearance instead): isa/native.py's hash table over whole rows."""
-    return native.row_ids(key)
 
 
 @kept_with_program

@@ -26,20 +26,12 @@ class RowTable:
     at: tuple[np.ndarray, np.ndarray, np.ndarray]
     length: tuple[np.ndarray, np.ndarray, np.ndarray]
 
-    def __len__(self) -> int:
-        return len(self.at[0])
-
     def part(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(at, length) of part k (0 operand, 1 sync, 2 field) of every instruction; TypeError when one lacks it."""
         at, length = self.at[k], self.length[k]
         if len(length) and length.min() < 0:
             raise TypeError(f"an instruction has no {('operand', 'sync', 'field')[k]} row: a field is not of its type")
         return at, length
-
-    def gather(self, at: np.ndarray, length: np.ndarray) -> np.ndarray:
-        """The words of the spans [at, at + length), one after the other."""
-        first = np.cumsum(length) - length
-        return self.words[np.repeat(at - first, length) + np.arange(int(length.sum()))]
 
 
 def join(instructions) -> RowTable:

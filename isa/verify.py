@@ -33,7 +33,8 @@ from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import DType
 from trnc.isa.field_table import field_table
 from trnc.isa.opcodes import BY_NAME, E8m0, Kind
-from trnc.isa.operand_table import OperandTable, operand_table, row_ids
+from trnc.isa.native import row_ids
+from trnc.isa.operand_table import OperandTable, operand_table
 from trnc.isa.program import Instruction, Program
 from trnc.isa.verify_opcodes import (
     Ctx, Problem, engine_limits, features, fsize, listed, psum_bank, spec_dtype, spec_shape,

@@ -44,7 +44,8 @@ from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
 from trnc.isa.field_table import FieldTable, field_table, build as build_field_table
 from trnc.isa.opcodes import TABLE
-from trnc.isa.operand_table import OperandTable, build, operand_table, row_ids
+from trnc.isa.native import row_ids
+from trnc.isa.operand_table import OperandTable, build, operand_table
 from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
 from trnc.isa.rows import field_words
 from trnc.isa.races import byte_addresses

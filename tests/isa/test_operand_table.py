@@ -8,7 +8,8 @@ import pytest
 
 from trnc.isa.ap import AP, Engine, Mem
 from trnc.isa.dtypes import DType
-from trnc.isa.operand_table import build, operand_table, row_ids
+from trnc.isa.native import row_ids
+from trnc.isa.operand_table import build, operand_table
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
 
 DTYPES = (DType.FP32, DType.BF16, DType.FP8_E4M3)
