@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,16 +179,19 @@ _Kept = TypeVar("_Kept")
 
 def kept_with_program(build: Callable[[Program], _Kept]) -> Callable[[Program], _Kept]:
     """`build` made once per Program, on first use, and kept while the program lives: not in it, since a Program is
-    a value, hashed and pickled by its fields (the operand, sync and field tables the load path shares)."""
+    a value, hashed and pickled by its fields (the operand, sync and field tables the load path shares). Built under
+    a lock: the verifier's ordering thread and the JIT loader ask for the same tables at once."""
     kept: dict[int, tuple[weakref.ref, _Kept]] = {}   # by id(program), dropped when the program dies
+    lock = threading.Lock()
 
     @functools.wraps(build)
     def get(program: Program) -> _Kept:
         key = id(program)
-        entry = kept.get(key)
-        if entry is not None and entry[0]() is program:
-            return entry[1]
-        value = build(program)
-        kept[key] = (weakref.ref(program, lambda _, key=key: kept.pop(key, None)), value)
+        with lock:
+            entry = kept.get(key)
+            if entry is not None and entry[0]() is program:
+                return entry[1]
+            value = build(program)
+            kept[key] = (weakref.ref(program, lambda _, key=key: kept.pop(key, None)), value)
         return value
     return get

@@ -411,11 +411,13 @@ def _overlap_suspects(table: OperandTable, rows: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
+def check(program: Program, hw: HwConfig | None = None, meanwhile: Callable[[], None] | None = None) -> list[Violation]:
     """Every violation of the machine's rules in `program`, ordered by instruction index.
 
     The ordering checks (semaphores, deadlocks, races) run on the instructions whose operands are well
     formed; a race is reported once per pair of instructions, at the later one in the happens-before order.
+    `meanwhile`, when given, is called once every instruction has passed every other rule, while the ordering
+    checks may still run on their thread (the JIT lays the program out then); not when an instruction failed.
     """
     ctx = Ctx(program, hw if hw is not None else _target(program))
     found, sound = [], []   # violations; the instructions whose operands are well formed
@@ -435,6 +437,8 @@ def check(program: Program, hw: HwConfig | None = None) -> list[Violation]:
             found.extend(Violation(i, rule, msg) for rule, msg in problems)
             formed[i] = ok
         sound = np.flatnonzero(formed)
+        if meanwhile is not None and not found:
+            meanwhile()
         ordering, problems, every_candidate = ordering_ahead()
         if problems is None:   # a wait, signal, engine or queue that is not an integer; engines and queues are above
             problems = [(i, *p) for i, ins in enumerate(program.instructions) for p in _sync_problems(ins)]
@@ -539,11 +543,27 @@ def _recheck(ctx: Ctx, table: OperandTable | None, later: np.ndarray) -> list[in
     return _place_suspects(ctx, table, later).tolist()
 
 
-def verify(program: Program, hw: HwConfig | None = None) -> None:
-    """Raise VerifyError naming each broken rule (index, assembly, rule id, specifics); return if none."""
-    found = check(program, hw)
+def verify(program: Program, hw: HwConfig | None = None, meanwhile: Callable[[], object] | None = None) -> object:
+    """Raise VerifyError naming each broken rule (index, assembly, rule id, specifics); return if none.
+
+    `meanwhile` (see check) is called while the ordering checks run, and its result returned once the program
+    passes. Its error is raised only then: an invalid program may well make it fail, and the verdict comes first.
+    """
+    outcome: list = []
+
+    def guarded() -> None:
+        try:
+            outcome.append((meanwhile(), None))
+        except Exception as e:   # raised once the program has passed
+            outcome.append((None, e))
+    found = check(program, hw, None if meanwhile is None else guarded)
     if not found:
-        return
+        if meanwhile is None:
+            return None
+        value, error = outcome[0]
+        if error is not None:
+            raise error
+        return value
     lines = [v.describe(program) for v in found[:ERROR_LIMIT]]
     more = f"\n... and {len(found) - ERROR_LIMIT} more" if len(found) > ERROR_LIMIT else ""
     head = "" if len(found) == 1 else f"{len(found)} violations:\n"

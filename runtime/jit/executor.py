@@ -246,10 +246,22 @@ class JitProgram:
                  table: Kernels | None = None):
         self.program = program
         self.hw = hw if hw is not None else get_target(program.target)
-        if not verified:
-            verify(program, self.hw)
         self.kernels = table if table is not None else kernels()
         self.library = Library(self.kernels.codegen)   # the program's native code lives as long as it does
+        self._kept: tuple[np.ndarray, ...] | None = None     # SBUF, PSUM and scratch buffers between runs
+        self._kept_lock = threading.Lock()
+        self._parallel: dict[int, tuple[_DriverTable, parallel.Schedule]] = {}   # by piece count, on first use
+        self._worker_call = None   # the ctypes function of the worker, on the first parallel run
+        if verified:
+            self._lay_out()
+        else:   # laid out while the verifier's ordering checks run; nothing runs before its verdict
+            verify(program, self.hw, meanwhile=self._lay_out)
+
+    # -- load time ----------------------------------------------------------------------------------
+
+    def _lay_out(self) -> None:
+        """The execution order, the operand table, the kernels and the serial driver table."""
+        program = self.program
         self.order = execution_order(program)
         self.stage_bytes = 0
         try:
@@ -257,16 +269,10 @@ class JitProgram:
         except TypeError as e:
             raise TrncError(f"JIT: the program cannot be loaded: {e}") from None
         self._written, self._reached = _written_and_reached(self.table)
-        self._kept: tuple[np.ndarray, ...] | None = None     # SBUF, PSUM and scratch buffers between runs
-        self._kept_lock = threading.Lock()
         self._serial = self._driver_table(1)
-        self._parallel: dict[int, tuple[_DriverTable, parallel.Schedule]] = {}   # by piece count, on first use
-        self._worker_call = None   # the ctypes function of the worker, on the first parallel run
         self.distinct_kernels = len(set(self._serial.table[:, 0].tolist()))
         self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                         ctypes.c_void_p)(self.library.address(DRIVER_SYMBOL, self.kernels.driver()))
-
-    # -- load time ----------------------------------------------------------------------------------
 
     def _shape(self, ins: Instruction, lowering, operands) -> _Shape:
         """The kernel of an instruction's shape, and the staging copies of its staged reads."""

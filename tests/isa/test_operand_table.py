@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from trnc.isa.ap import AP, Engine, Mem
 from trnc.isa.dtypes import DType
 from trnc.isa.native import row_ids
 from trnc.isa.operand_table import build, operand_table
-from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
+from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind, kept_with_program
 
 DTYPES = (DType.FP32, DType.BF16, DType.FP8_E4M3)
 
@@ -80,6 +82,29 @@ def test_the_table_is_kept_with_its_program_only():
     assert operand_table(program) is operand_table(program)
     copy = Program(program.tensors, program.instructions, program.target)
     assert operand_table(copy) is not operand_table(program)
+
+
+def test_a_table_asked_for_from_two_threads_at_once_is_built_once():
+    """The verifier's ordering thread and the JIT loader ask for the sync table at once: one build, one table."""
+    built, got = [], []
+    both_asking = threading.Barrier(2)
+
+    @kept_with_program
+    def slow_table(program):
+        built.append(program)
+        time.sleep(0.05)   # the other thread asks meanwhile
+        return object()
+    program = _program(random.Random(9), 5)
+
+    def ask():
+        both_asking.wait()
+        got.append(slow_table(program))
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(built) == 1 and got[0] is got[1]
 
 
 @pytest.mark.parametrize("offset", [8.0, 2**64, None])

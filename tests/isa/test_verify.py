@@ -3,9 +3,11 @@ from dataclasses import replace
 
 import pytest
 
+from trnc import flags
 from trnc.errors import VerifyError
 from trnc.isa import TABLE, AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, ReduceOp, Rounding
 from trnc.isa import TensorDecl, TensorKind, get_target
+from trnc.isa import verify as verify_module
 from trnc.isa.verify import check, verify
 
 F32, BF16, FP8, E8M0, I32 = DType.FP32, DType.BF16, DType.FP8_E4M3, DType.E8M0, DType.INT32
@@ -499,3 +501,32 @@ def test_instructions_of_a_form_already_passed_are_judged_as_if_checked_whole(mo
         raise TypeError("every instruction checked whole")
     monkeypatch.setattr("trnc.isa.verify._form_key", no_form)
     assert check(program) == fast
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_what_runs_meanwhile_runs_only_once_every_instruction_passed_and_the_verdict_comes_first(threads, monkeypatch):
+    """The JIT lays a program out while the verifier's ordering checks run: only on programs whose instructions all
+    passed, with its result returned once the whole program passes and its error raised only then."""
+    monkeypatch.setattr(verify_module, "AHEAD_INSTRUCTIONS", 0)   # the ordering on a thread of its own too
+    calls = []
+
+    def lay_out():
+        calls.append(1)
+        return "laid out"
+
+    def failing():
+        calls.append(1)
+        raise ValueError("cannot lay it out")
+    valid, racing = tiled_gemm(), program(memset(Engine.DVE, 0), memset(Engine.POOL, 8))
+    out_of_bounds = program(memset(Engine.DVE, 0), memset(Engine.DVE, 10**6))
+    with flags.override(TRNC_THREADS=threads):
+        assert verify(valid, meanwhile=lay_out) == "laid out" and len(calls) == 1
+        with pytest.raises(VerifyError, match="race"):   # its instructions pass; the ordering checks fail it
+            verify(racing, meanwhile=failing)
+        assert len(calls) == 2
+        with pytest.raises(VerifyError, match="ap-bounds"):
+            verify(out_of_bounds, meanwhile=lay_out)
+        assert len(calls) == 2
+        with pytest.raises(ValueError, match="cannot lay it out"):
+            verify(valid, meanwhile=failing)
+        assert verify(valid) is None

@@ -17,7 +17,7 @@ from strategies import valid_programs
 from test_jit_program import assert_same_outputs, inputs_for, outcome
 from trnc import flags
 from trnc.errors import ExecutionError, VerifyError
-from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
+from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind, verify
 from trnc.runtime import reference
 from trnc.runtime.jit import executor, parallel, split
 from trnc.runtime.jit.executor import load
@@ -233,8 +233,12 @@ def test_a_fault_in_one_queue_stops_every_thread_and_is_reported_once_as_the_ser
         assert str(got.value).count("gather index") == 1 and "instruction 41" in str(got.value)
 
 
-def test_a_race_between_queues_is_refused_before_anything_runs():
-    """The DVE write and the Pool read of one tile without a semaphore between them: the verifier's race check."""
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_race_between_queues_is_refused_before_anything_runs(ahead, monkeypatch):
+    """The DVE write and the Pool read of one tile without a semaphore between them: the verifier's race check; also
+    when the race is found on a thread of its own while the program is laid out (its instructions all pass)."""
+    if ahead:
+        monkeypatch.setattr(verify, "AHEAD_INSTRUCTIONS", 0)
     tile = onchip(F32, (32, 16))
     program = Program((), (Instruction.make("memset", Engine.DVE, dst=tile, value=1.0),
                            Instruction.make("tensor_copy", Engine.POOL, dst=onchip(F32, (32, 16), offset=64),
