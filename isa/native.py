@@ -413,7 +413,7 @@ def execution_order(queue_members: list[np.ndarray], wait_first: np.ndarray, wai
     wait_first, wait_semaphore, wait_value, signal_first, signal_semaphore = _ints(
         wait_first, wait_semaphore, wait_value, signal_first, signal_semaphore)
     _within(members, 0, n, "instruction")
-    if len(np.unique(members)) != n:
+    if n and np.bincount(members, minlength=n).max() > 1:
         raise ValueError("an instruction is in two queues")
     _check_first(wait_first, n, len(wait_semaphore))
     _check_first(signal_first, n, len(signal_semaphore))
@@ -532,6 +532,16 @@ def row_ids(key: np.ndarray) -> np.ndarray:
     if rows:
         _functions().row_ids(rows, k, key.ctypes.data, ids.ctypes.data, table.ctypes.data, len(table) - 1)
     return ids
+
+
+def first_appearances(ids: np.ndarray) -> np.ndarray:
+    """Where each id first appears in `ids`, numbered 0, 1, ... in order of first appearance (as row_ids numbers
+    them): a sort-free np.unique(ids, return_index=True)[1]."""
+    ids = np.asarray(ids, dtype=np.int64)
+    before = np.empty_like(ids)   # the largest id before each
+    before[:1] = -1
+    np.maximum.accumulate(ids[:-1], out=before[1:])
+    return np.flatnonzero(ids > before)
 
 
 def row_starts(words: np.ndarray, n: int) -> np.ndarray:

@@ -332,7 +332,9 @@ def _candidates(acc: _Accesses, ordering: Ordering, queue: np.ndarray) -> Iterat
                                    np.bincount(ordering.queue, minlength=len(ordering.queue_names)),
                                    threads=flags.get("TRNC_THREADS") if len(part) >= PARALLEL_ACCESSES else 1)
         ga, gb = part[ia], part[ib]
-        candidates, where = np.unique(np.concatenate([ga, gb]), return_inverse=True)
+        both = np.concatenate([ga, gb])
+        where = native.row_ids(both[:, None])
+        candidates = both[native.first_appearances(where)]
         rows = acc.footprints(candidates)
         meet = footprint_columns(rows[:, where[:len(ga)]], rows[:, where[len(ga):]])   # e.g. column tiles of a matrix
         ga, gb = ga[meet], gb[meet]

@@ -12,6 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
+from trnc.isa import native
 from trnc.isa.ap import Engine, queue_name
 from trnc.isa.program import Program, kept_with_program
 from trnc.isa.row_table import RowTable, row_table
@@ -61,17 +62,13 @@ def _build(rows: RowTable) -> SyncTable:
     if np.any(4 + 2 * wait_counts + signal_counts != length):
         raise TypeError("a sync row is not whole")
     waits = words[_spans(at + 4, 2 * wait_counts)]
-    queue_values, queue = np.unique(queue, return_inverse=True)
-    pairs, first, inverse = np.unique(queue.reshape(-1) * len(Engine) + engine, return_index=True,
-                                      return_inverse=True)
+    pair = native.row_ids(np.column_stack([engine, queue]))   # numbered in order of first use
+    first = native.first_appearances(pair)
     # queue names (a compute engine's ignores the queue field) numbered in order of first use
-    pair_names = [queue_name(Engine(int(p % len(Engine))), int(queue_values[p // len(Engine)])) for p in pairs]
-    name_first: dict[str, int] = {}
-    for name, at_first in zip(pair_names, first.tolist()):
-        name_first[name] = min(at_first, name_first.get(name, at_first))
-    names = tuple(sorted(name_first, key=name_first.get))
+    pair_names = [queue_name(Engine(e), q) for e, q in zip(engine[first].tolist(), queue[first].tolist())]
+    names = tuple(dict.fromkeys(pair_names))
     pair_queue = np.array([names.index(name) for name in pair_names], dtype=np.int64)
-    return SyncTable(pair_queue[inverse.reshape(-1)], names, _first(wait_counts), waits[0::2], waits[1::2],
+    return SyncTable(pair_queue[pair], names, _first(wait_counts), waits[0::2], waits[1::2],
                      _first(signal_counts), words[_spans(at + 4 + 2 * wait_counts, signal_counts)])
 
 

@@ -33,7 +33,7 @@ from trnc.isa.decoding import no_gc
 from trnc.isa.dtypes import DType
 from trnc.isa.field_table import field_table
 from trnc.isa.opcodes import BY_NAME, E8m0, Kind
-from trnc.isa.native import row_ids
+from trnc.isa.native import first_appearances, row_ids
 from trnc.isa.operand_table import OperandTable, operand_table
 from trnc.isa.program import Instruction, Program
 from trnc.isa.verify_opcodes import (
@@ -505,9 +505,9 @@ def _check_one(ctx: Ctx, i: int, found: list[Violation], sound: list[int]) -> bo
 def _check_by_form(ctx: Ctx, forms: np.ndarray, found: list[Violation], sound: list[int]) -> np.ndarray:
     """The first instruction of each form (_forms) fully; of the others, those of a form that passed are returned
     (for the place rules) and those of a form that failed checked each fully."""
-    ids, leaders = np.unique(forms, return_index=True)
-    passed = np.zeros(len(ids), dtype=bool)
-    for form, i in zip(ids.tolist(), leaders.tolist()):
+    leaders = first_appearances(forms)
+    passed = np.zeros(len(leaders), dtype=bool)
+    for form, i in enumerate(leaders.tolist()):
         passed[form] = _check_one(ctx, i, found, sound)
     others = np.ones(len(forms), dtype=bool)
     others[leaders] = False

@@ -44,7 +44,7 @@ from trnc.isa.ap import AP, Mem
 from trnc.isa.config import HwConfig, get_target
 from trnc.isa.field_table import FieldTable, field_table, build as build_field_table
 from trnc.isa.opcodes import TABLE
-from trnc.isa.native import row_ids
+from trnc.isa.native import first_appearances, row_ids
 from trnc.isa.operand_table import OperandTable, build, operand_table
 from trnc.isa.program import BOUND_KINDS, Instruction, Program, TensorKind
 from trnc.isa.rows import field_words
@@ -156,7 +156,7 @@ class _Layout:
         self.kind = np.zeros(len(units), dtype=np.int64)
         self.dynamic_count = np.zeros(len(units), dtype=np.int64)
         dynamic: list[tuple[np.ndarray, np.ndarray]] = []   # per opcode: its units, their words [units, count]
-        for opcode_code in np.unique(code).tolist():
+        for opcode_code in np.flatnonzero(np.bincount(code)).tolist():
             members = np.flatnonzero(code == opcode_code)
             opcode = TABLE[opcode_code].name
             lowering = LOWERINGS.get(opcode)
@@ -166,7 +166,7 @@ class _Layout:
             statics = [fields[:, first:first + count] for first, count in
                        (field_words(opcode, name) for name in lowering.statics)]
             shape = row_ids(np.column_stack([shape_id[members], *statics]))
-            for unit in members[np.unique(shape, return_index=True)[1]].tolist():
+            for unit in members[first_appearances(shape)].tolist():
                 self.shapes.append(jit._shape(units[unit], lowering, list(units[unit].operands())))
             self.kind[members] = len(self.shapes) - int(shape.max()) - 1 + shape
             columns = lowering.dynamics(FieldColumns(opcode, fields, partial(_operand_dtypes, table, members)))

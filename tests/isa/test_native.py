@@ -152,6 +152,10 @@ def test_indices_out_of_bounds_are_refused_before_any_native_access():
     with pytest.raises(ValueError, match="row starts"):
         native.execution_order([one], np.array([0, 2]), np.array([0]), np.array([1]), np.array([0, 0]),
                                np.zeros(0), 2)
+    no_syncs = np.zeros(3, dtype=np.int64)
+    with pytest.raises(ValueError, match="in two queues"):
+        native.execution_order([np.array([0, 1]), np.array([1])], no_syncs, np.zeros(0), np.zeros(0), no_syncs,
+                               np.zeros(0), 0)
     columns = {name: np.zeros(2, dtype=np.int64) for name in ("pos", *native.PAIR_ARGS[3:9])}
     columns["writes"] = np.ones(1, dtype=np.int64)
     clock, length = np.zeros((1, 1)), np.array([2])
@@ -192,6 +196,12 @@ def test_row_ids_number_the_distinct_rows_in_order_of_first_appearance(shape):
     firsts: dict[tuple, int] = {}
     want = [firsts.setdefault(tuple(row), len(firsts)) for row in key.tolist()]
     assert got.tolist() == want
+    assert native.first_appearances(got).tolist() == np.unique(got, return_index=True)[1].tolist()
+
+
+def test_first_appearances_of_no_ids_and_of_one():
+    assert native.first_appearances(np.zeros(0, dtype=np.int64)).tolist() == []
+    assert native.first_appearances(np.array([0, 0, 1, 0, 2, 1])).tolist() == [0, 2, 4]
 
 
 def test_gather_columns_is_numpys_gather_and_refuses_spans_past_the_words():
