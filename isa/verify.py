@@ -341,10 +341,8 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
     hw, tensors = ctx.hw, ctx.program.tensors
     chosen = np.zeros(len(table.first) - 1, dtype=bool)
     chosen[indices] = True
-    rows = np.flatnonzero(chosen[table.instr])
-    mem, start, parts, offset, tensor = (c[rows] for c in (table.mem, table.start, table.partitions, table.offset,
-                                                           table.tensor))
-    lo, hi = (c[rows] for c in table.byte_range)
+    mem, start, parts, offset, tensor = table.mem, table.start, table.partitions, table.offset, table.tensor
+    lo, hi = table.byte_range   # every row, as most are chosen: no gathered copies
     hbm = mem == Mem.HBM
     known = (tensor >= 0) & (tensor < len(tensors))
     at = np.where(known, tensor, 0)
@@ -352,15 +350,15 @@ def _place_suspects(ctx: Ctx, table: OperandTable, indices: np.ndarray) -> np.nd
     tensor_dtype = np.array([t.dtype.code for t in tensors] or [-1], dtype=np.int64)[at]
     size = np.where(hbm, tensor_bytes, np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition,
                                                 hw.psum_bytes_per_partition))
-    engine = _engines(ctx.program)[table.instr[rows]]
+    engine = _engines(ctx.program)[table.instr]
     aligned = np.where(parts > 64, start == 0, np.where(parts > 32, (start == 0) | (start == 64), start % 32 == 0))
-    bad = ((offset < 0) | (offset % table.itemsize[rows] != 0) | (lo < 0) | (hi > size)
-           | np.where(hbm, (start != 0) | ~known | (table.dtype[rows] != tensor_dtype),
+    bad = ((offset < 0) | (offset % table.itemsize != 0) | (lo < 0) | (hi > size)
+           | np.where(hbm, (start != 0) | ~known | (table.dtype != tensor_dtype),
                       (tensor != -1) | (start < 0) | (start + parts > hw.partitions)
                       | ((engine != Engine.DMA) & ~aligned))
            | ((mem == Mem.PSUM) & (lo // hw.psum_bank_bytes != (hi - 1) // hw.psum_bank_bytes)))
-    suspects = [table.instr[rows[bad]], _overlap_suspects(table, rows), _queue_suspects(ctx, indices)]
-    return np.unique(np.concatenate(suspects))
+    suspects = np.concatenate([table.instr[bad], _overlap_suspects(table)])
+    return np.unique(np.concatenate([suspects[chosen[suspects]], _queue_suspects(ctx, indices)]))
 
 
 def _within_memory(ctx: Ctx, table: OperandTable) -> bool:
@@ -391,24 +389,22 @@ def _queue_suspects(ctx: Ctx, indices: np.ndarray) -> np.ndarray:
     return indices[np.where(engine == Engine.DMA, (queue < 0) | (queue >= DMA_QUEUES), queue != 0)]
 
 
-def _overlap_suspects(table: OperandTable, rows: np.ndarray) -> np.ndarray:
+def _overlap_suspects(table: OperandTable) -> np.ndarray:
     """Instructions with a written operand that may share a byte with another operand it is not identical to
-    (rule overlap's candidates: races.operand_overlap decides)."""
+    (rule overlap's candidates: races.operand_overlap decides). Each row against the row d after it, for every d
+    an instruction's operands span, as whole-column slices."""
     lo, hi = table.byte_range
-    found = []
-    widest = int(np.diff(table.first).max(initial=0))
-    for d in range(1, widest):
-        a = rows[rows + d < len(table)]
-        b = a + d
-        keep = table.instr[a] == table.instr[b]
-        a, b = a[keep], b[keep]
-        share = ((table.write[a] | table.write[b]) & (table.mem[a] == table.mem[b])
-                 & np.where(table.mem[a] == Mem.HBM, table.tensor[a] == table.tensor[b],
-                            (table.start[a] < table.start[b] + table.partitions[b])
-                            & (table.start[b] < table.start[a] + table.partitions[a]))
-                 & (lo[a] < hi[b]) & (lo[b] < hi[a]) & (table.ap_id[a] != table.ap_id[b]))
-        found.append(table.instr[a[share]])
-    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    instr, write, mem, tensor, start, parts, ap_id = (table.instr, table.write, table.mem, table.tensor, table.start,
+                                                      table.partitions, table.ap_id)
+    found = [np.zeros(0, dtype=np.int64)]
+    for d in range(1, int(np.diff(table.first).max(initial=0))):
+        a, b = slice(0, len(table) - d), slice(d, None)
+        share = ((instr[a] == instr[b]) & (write[a] | write[b]) & (mem[a] == mem[b])
+                 & np.where(mem[a] == Mem.HBM, tensor[a] == tensor[b],
+                            (start[a] < start[b] + parts[b]) & (start[b] < start[a] + parts[a]))
+                 & (lo[a] < hi[b]) & (lo[b] < hi[a]) & (ap_id[a] != ap_id[b]))
+        found.append(instr[a][share])
+    return np.concatenate(found)
 
 
 def check(program: Program, hw: HwConfig | None = None, meanwhile: Callable[[], None] | None = None) -> list[Violation]:
