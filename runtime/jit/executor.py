@@ -270,7 +270,7 @@ class JitProgram:
             raise TrncError(f"JIT: the program cannot be loaded: {e}") from None
         self._written, self._reached = _written_and_reached(self.table)
         self._serial = self._driver_table(1)
-        self.distinct_kernels = len(set(self._serial.table[:, 0].tolist()))
+        self.distinct_kernels = len(self.library)   # the serial table's kernels, each loaded once (not yet the driver)
         self._driver = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                         ctypes.c_void_p)(self.library.address(DRIVER_SYMBOL, self.kernels.driver()))
 

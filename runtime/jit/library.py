@@ -24,6 +24,10 @@ class Library:
         self._engine = codegen.engine()
         self._addresses: dict[str, int] = {}
 
+    def __len__(self) -> int:
+        """The symbols loaded so far."""
+        return len(self._addresses)
+
     def address(self, symbol: str, obj: bytes) -> int:
         """The address of `symbol`, loading the object code that defines it the first time it is asked for."""
         address = self._addresses.get(symbol)

@@ -15,7 +15,7 @@ from aps import hbm, onchip
 from strategies import valid_programs
 from test_jit_ops import random_values
 from trnc.errors import ExecutionError, TrncError, VerifyError
-from trnc.isa import ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
+from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
 from trnc.isa.program import BOUND_KINDS
 from trnc.isa.asm import format_instruction
 from trnc.runtime import reference
@@ -255,6 +255,28 @@ def test_ten_thousand_instructions_compile_only_their_distinct_kernels():
     assert jp.distinct_kernels == 3 * 2 + 3   # tensor_tensor: 3 shapes x 2 ops; memset: 3 shapes
     assert table.count == 9 and table.cache.stats.misses + table.cache.stats.disk_hits == 9 + 1   # and the driver
     assert len(jp._serial.table) == len(instrs)
+
+
+def test_an_in_place_read_that_repeats_an_element_is_staged_and_its_copy_kernel_counted():
+    """dst and in0 one AP whose two free dims overlap (element i + j): in0 is read from a copy made before the
+    kernel writes, as the reference reads every input before writing; the copy is a kernel of its own."""
+    overlapping = AP(Mem.SBUF, F32, 32, ((1, 4), (1, 4)))
+    tensors = (TensorDecl("x", TensorKind.INPUT, F32, (32, 16)), TensorDecl("y", TensorKind.OUTPUT, F32, (32, 8)))
+    program = Program(tensors, (
+        Instruction.make("dma_copy", Engine.DMA, dst=onchip(F32, (32, 16), offset=256), src=hbm(0, F32, (32, 16)),
+                         signals=(0,)),
+        Instruction.make("dma_copy", Engine.DMA, dst=onchip(F32, (32, 8)),
+                         src=AP(Mem.HBM, F32, 32, ((1, 8),), tensor=0, partition_stride=16), signals=(0,)),
+        Instruction.make("tensor_tensor", Engine.DVE, dst=overlapping, in0=overlapping,
+                         in1=AP(Mem.SBUF, F32, 32, ((4, 4), (1, 4)), offset=256), op=AluOp.ADD, waits=((0, 2),),
+                         signals=(1,)),
+        Instruction.make("dma_copy", Engine.DMA, queue=1, dst=hbm(1, F32, (32, 8)), src=onchip(F32, (32, 8)),
+                         waits=((1, 1),))))
+    jp = load(program)
+    assert jp.stage_bytes > 0
+    assert jp.distinct_kernels == len(set(jp._serial.table[:, 0].tolist())) == 5   # 3 dma_copy shapes, copy, add
+    inputs = inputs_for(program, 3)
+    assert_same_outputs(jp.run(inputs), reference.run(program, inputs), program)
 
 
 def _memory_maps() -> int:
