@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from trnc.isa import native
-from trnc.isa.native import row_ids
+from trnc.isa.native import first_appearances, row_ids
 from trnc.isa.ap import ROW_FIELDS, ROW_WORDS, AP, Mem
 from trnc.isa.dtypes import DType
 from trnc.isa.program import kept_with_program
@@ -102,9 +102,7 @@ class OperandTable:
         if not rows:
             return np.zeros(count, dtype=np.int64)
         same = row_ids(np.column_stack([self.instr, self.ap_id]))   # equal operands of one instruction
-        new = np.ones(rows, dtype=bool)   # where each `same` id first appears: ids count up in that order
-        new[1:] = same[1:] > np.maximum.accumulate(same)[:-1]
-        repeats = self.slot[np.flatnonzero(new)[same]]   # the slot of the first operand equal to each
+        repeats = self.slot[first_appearances(same)[same]]   # the slot of the first operand equal to each
         width = int(self.slot.max()) + 1
         code = (self.form * (int(self.field.max()) + 1) + self.field) * width + repeats
         per_instruction = np.full((count, width), -1, dtype=np.int64)
