@@ -51,7 +51,7 @@ from trnc.errors import TrncError
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, ReduceOp
 from trnc.isa.verify import verify
 from trnc.runtime import reference
-from trnc.runtime.jit.executor import JitProgram, load
+from trnc.runtime.jit.executor import JitProgram, load, on_chip_memories
 
 K, M, N = 128, 128, 512
 MATMUL_FLOPS = 2 * K * M * N
@@ -103,9 +103,7 @@ def best_seconds(*runs: Callable[[], object], repetitions: int) -> list[float]:
 
 def memories(jp: JitProgram) -> tuple[np.ndarray, np.ndarray]:
     """Zeroed SBUF and PSUM of the program's target, as JitProgram.execute takes them."""
-    hw = jp.hw
-    return (np.zeros((hw.partitions, hw.sbuf_bytes_per_partition), dtype=np.uint8),
-            np.zeros((hw.partitions, hw.psum_bytes_per_partition), dtype=np.uint8))
+    return on_chip_memories(jp.hw)
 
 
 # -- 1. matmul ------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.library import Library
 from trnc.runtime.jit.kernels import (
     DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, FieldColumns, KernelSig, Layout, build_kernel, driver_ir, layout_of,
-    static_value,
+    partition_pitch, static_value,
 )
 from trnc.runtime.reference import execution_order, input_array
 
@@ -178,7 +178,7 @@ class _Layout:
         for members, values in dynamic:
             self.dynamic_words[(first[members][:, None] + np.arange(values.shape[1])).reshape(-1)] = values.reshape(-1)
         hw, mem = jit.hw, table.mem
-        partition_bytes = np.where(mem == Mem.SBUF, hw.sbuf_bytes_per_partition, hw.psum_bytes_per_partition)
+        partition_bytes = np.where(mem == Mem.SBUF, partition_pitch(hw, Mem.SBUF), partition_pitch(hw, Mem.PSUM))
         self.number = np.where(mem == Mem.HBM, HBM_MEM0 + table.tensor, np.where(mem == Mem.SBUF, SBUF_MEM, PSUM_MEM))
         self.place = np.where(mem == Mem.HBM, table.offset, table.start * partition_bytes + table.offset)
         self.first = table.first
@@ -363,10 +363,8 @@ class JitProgram:
         hw = self.hw
         new = not (keep and self._kept is not None)
         if new:
-            buffers = (np.zeros((hw.partitions, hw.sbuf_bytes_per_partition), dtype=np.uint8),
-                       np.zeros((hw.partitions, hw.psum_bytes_per_partition), dtype=np.uint8),
-                       *[np.zeros(decl.shape, dtype=decl.dtype.storage) for decl in self.program.tensors
-                         if decl.kind is TensorKind.SCRATCH])
+            buffers = (*on_chip_memories(hw), *[np.zeros(decl.shape, dtype=decl.dtype.storage)
+                                                for decl in self.program.tensors if decl.kind is TensorKind.SCRATCH])
             if keep:
                 self._kept = buffers
         else:
@@ -380,14 +378,17 @@ class JitProgram:
 
     def execute(self, sbuf: np.ndarray, psum: np.ndarray, hbm: list[np.ndarray]) -> None:
         """Run on the given memories, in place: SBUF and PSUM uint8 [partitions, bytes per partition], and one
-        C-contiguous array per HBM tensor holding exactly its bytes (the state of runtime/reference.Machine)."""
+        C-contiguous array per HBM tensor holding exactly its bytes (the state of runtime/reference.Machine).
+        SBUF and PSUM as on_chip_memories lays them out are used directly; others run on a copy so laid out,
+        written back after the run."""
         hw = self.hw
-        for name, mem, cols in (("sbuf", sbuf, hw.sbuf_bytes_per_partition),
-                                ("psum", psum, hw.psum_bytes_per_partition)):
+        on_chip = []
+        for name, mem, kind in (("sbuf", sbuf, Mem.SBUF), ("psum", psum, Mem.PSUM)):
+            cols = hw.sbuf_bytes_per_partition if kind is Mem.SBUF else hw.psum_bytes_per_partition
             if not (isinstance(mem, np.ndarray) and mem.dtype == np.uint8 and mem.shape == (hw.partitions, cols)
-                    and mem.flags.c_contiguous and mem.flags.writeable):
-                raise TrncError(f"{name} must be a writeable C-contiguous uint8 array of shape "
-                                f"({hw.partitions}, {cols})")
+                    and mem.flags.writeable):
+                raise TrncError(f"{name} must be a writeable uint8 array of shape ({hw.partitions}, {cols})")
+            on_chip.append(mem if mem.strides == (partition_pitch(hw, kind), 1) else _padded(hw, kind, mem))
         if len(hbm) != len(self.program.tensors):
             raise TrncError(f"{len(hbm)} HBM arrays given; the program declares {len(self.program.tensors)} tensors")
         for decl, array in zip(self.program.tensors, hbm):
@@ -395,7 +396,12 @@ class JitProgram:
                     and array.flags.writeable):
                 raise TrncError(f"HBM tensor '{decl.name}' must be a writeable C-contiguous array of "
                                 f"{decl.num_bytes} bytes")
-        self._call([sbuf, psum, *hbm])
+        try:
+            self._call([*on_chip, *hbm])
+        finally:
+            for given, used in zip((sbuf, psum), on_chip):
+                if used is not given:
+                    given[...] = used
 
     def _call(self, mems: list[np.ndarray]) -> None:
         """The native run: the serial driver runs every step on the memories (plus a fresh staging buffer), or,
@@ -441,6 +447,22 @@ class JitProgram:
             return ExecutionError(f"{where}: gather index {int(status[2])} at partition {int(status[1])} is outside "
                                   f"the table's rows [0, {rows})")
         return ExecutionError(f"{where}: kernel fault code {code}")
+
+
+def on_chip_memories(hw: HwConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Zeroed SBUF and PSUM as the JIT's kernels address them: uint8 [partitions, bytes per partition], each a
+    view of rows partition_pitch bytes apart."""
+    memories = []
+    for mem, cols in ((Mem.SBUF, hw.sbuf_bytes_per_partition), (Mem.PSUM, hw.psum_bytes_per_partition)):
+        memories.append(np.zeros((hw.partitions, partition_pitch(hw, mem)), dtype=np.uint8)[:, :cols])
+    return memories[0], memories[1]
+
+
+def _padded(hw: HwConfig, mem: Mem, array: np.ndarray) -> np.ndarray:
+    """A copy of `array` with rows partition_pitch bytes apart."""
+    copy = np.empty((hw.partitions, partition_pitch(hw, mem)), dtype=np.uint8)[:, :array.shape[1]]
+    copy[...] = array
+    return copy
 
 
 def load(program: Program, *, hw: HwConfig | None = None, verified: bool = False) -> JitProgram:

@@ -77,12 +77,20 @@ class Layout:
         return f"{self.dtype.text}[{self.partitions}@{self.pstride}|{dims}]"
 
 
+CACHE_LINE = 64   # bytes
+
+
+def partition_pitch(hw: HwConfig, mem: Mem) -> int:
+    """Host bytes from one partition of SBUF or PSUM to the next: its bytes padded to an odd number of cache
+    lines. A power-of-two pitch such as PSUM's 16 KiB puts a column of every partition in one set of L1 (and
+    4 of L2), where a matmul's 128 rows evict each other; an odd number of lines spreads them over all sets."""
+    size = hw.sbuf_bytes_per_partition if mem is Mem.SBUF else hw.psum_bytes_per_partition
+    return (-(-size // CACHE_LINE) | 1) * CACHE_LINE
+
+
 def layout_of(ap: AP, hw: HwConfig) -> Layout:
     isz = ap.dtype.itemsize
-    if ap.mem is Mem.HBM:
-        pstride = ap.partition_stride * isz
-    else:
-        pstride = hw.sbuf_bytes_per_partition if ap.mem is Mem.SBUF else hw.psum_bytes_per_partition
+    pstride = ap.partition_stride * isz if ap.mem is Mem.HBM else partition_pitch(hw, ap.mem)
     return Layout(ap.dtype, ap.partitions, pstride, tuple((s * isz, c) for s, c in ap.dims))
 
 
@@ -333,10 +341,13 @@ class KernelBuilder:
                 self._root_of_base[id(self._bases[name])] = name
         return self._bases[name]
 
-    def alloca(self, ty: ir.Type, count: int = 1, name: str = "") -> ir.Value:
+    def alloca(self, ty: ir.Type, count: int = 1, name: str = "", align: int | None = None) -> ir.Value:
         """A stack slot in the entry block (where LLVM promotes scalars to registers)."""
         with self.b.goto_block(self.entry):
-            return self.b.alloca(ty, size=count if count > 1 else None, name=name)
+            slot = self.b.alloca(ty, size=count if count > 1 else None, name=name)
+        if align:
+            slot.align = align
+        return slot
 
     # control flow
     @contextlib.contextmanager

@@ -14,8 +14,8 @@ from trnc.isa.enums import Rounding
 from trnc.runtime.convert import from_fp32
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, FieldColumns, KernelBuilder, KernelSig, Layout, Stream, canonical,
-    flat_stream, i64, lowering, partition_blocks, partition_starts, stream,
+    CACHE_LINE, FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, FieldColumns, KernelBuilder, KernelSig, Layout, Stream,
+    canonical, flat_stream, i64, lowering, partition_blocks, partition_starts, stream,
 )
 
 
@@ -27,9 +27,6 @@ def move_element(kb: KernelBuilder, src: Layout, src_base, src_off, dst: Layout,
         return
     x = values.load_f32(kb, src_base, src_off, src.dtype)
     values.store_f32(kb, x, dst_base, dst_off, dst.dtype, rounding, rand)
-
-
-CACHE_LINE = 64   # bytes
 
 
 def partition_block(dst: Layout, src: Layout) -> int:

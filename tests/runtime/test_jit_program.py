@@ -16,6 +16,7 @@ from strategies import valid_programs
 from test_jit_ops import random_values
 from trnc.errors import ExecutionError, TrncError, VerifyError
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, TensorDecl, TensorKind
+from trnc.isa.config import TARGETS
 from trnc.isa.program import BOUND_KINDS
 from trnc.isa.asm import format_instruction
 from trnc.runtime import reference
@@ -25,7 +26,7 @@ from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen
 from trnc.runtime.jit.executor import JitProgram, Kernels, load
 from trnc.runtime.reference import execution_order
-from trnc.runtime.jit.kernels import LOWERINGS, build_kernel
+from trnc.runtime.jit.kernels import CACHE_LINE, LOWERINGS, build_kernel, partition_pitch
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -235,6 +236,40 @@ def test_execute_rejects_memories_of_the_wrong_layout():
         jp.execute(sbuf[:, :100], psum, [np.zeros(128, np.uint8)] * 2)
     with pytest.raises(TrncError, match="HBM tensor 'y'"):
         jp.execute(sbuf, psum, [np.zeros(128, np.uint8), np.zeros(127, np.uint8)])
+
+
+def test_partition_rows_are_an_odd_number_of_cache_lines_apart_on_every_target():
+    for hw in TARGETS.values():
+        for mem, size in ((Mem.SBUF, hw.sbuf_bytes_per_partition), (Mem.PSUM, hw.psum_bytes_per_partition)):
+            pitch = partition_pitch(hw, mem)
+            assert size <= pitch < size + 2 * CACHE_LINE and pitch % CACHE_LINE == 0 and pitch // CACHE_LINE % 2
+
+
+def test_on_chip_memories_run_in_place_and_plain_arrays_on_a_padded_copy_written_back():
+    """Both layouts of SBUF and PSUM give the reference's bytes: on_chip_memories' views (rows partition_pitch
+    apart) are used in place, dense arrays run on a padded copy that is written back into them."""
+    rng = np.random.default_rng(13)
+    mm = Instruction.make("matmul", Engine.PE, dst=onchip(F32, (128, 64), mem=Mem.PSUM),
+                          stationary=onchip(F32, (128, 128)), moving=onchip(F32, (128, 64), offset=512),
+                          accumulate=True)
+    add = Instruction.make("tensor_tensor", Engine.DVE, dst=onchip(F32, (128, 32), offset=4096),
+                           in0=onchip(F32, (128, 32), offset=512), in1=onchip(F32, (128, 32), offset=1024),
+                           op=AluOp.ADD)
+    program = Program((), (mm, add))
+    ref = reference.Machine(program)
+    for ap in (mm["dst"], mm["stationary"], mm["moving"]):
+        ref.write(ap, rng.uniform(-1, 1, ap.shape).astype(np.float32))
+    dense_sbuf, dense_psum = ref.sbuf.copy(), ref.psum.copy()
+    padded_sbuf, padded_psum = executor.on_chip_memories(ref.hw)
+    padded_sbuf[...], padded_psum[...] = ref.sbuf, ref.psum
+    for ins in program.instructions:
+        ref.execute(ins)
+    jp = load(program)
+    jp.execute(dense_sbuf, dense_psum, [])
+    jp.execute(padded_sbuf, padded_psum, [])
+    assert padded_sbuf.strides == (partition_pitch(ref.hw, Mem.SBUF), 1)
+    for sbuf, psum in ((dense_sbuf, dense_psum), (padded_sbuf, padded_psum)):
+        assert np.array_equal(sbuf, ref.sbuf) and np.array_equal(psum, ref.psum)
 
 
 def test_ten_thousand_instructions_compile_only_their_distinct_kernels():
