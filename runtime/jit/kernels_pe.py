@@ -150,14 +150,17 @@ def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int, bl: Blocking
 
 
 def _pack_panel(kb: KernelBuilder, mv: _Operand, panel: ir.Value, n0: ir.Value, cols: int, width: int) -> None:
-    """fp32 copy of moving columns [n0, n0 + cols): element (kk, j) at index kk * width + j, zeros up to width."""
+    """fp32 copy of moving columns [n0, n0 + cols): element (kk, j) at index kk * width + j, zeros up to width.
+    A column's byte offset within a row is the same in every row, so it is computed once per panel (a
+    division per element for a windowed moving, such as a convolution's) and the rows are static runs."""
     b = kb.b
     base = kb.base("moving")
+    offsets = [_free_offset(kb, kb.add(n0, i64(j)), mv.rest) for j in range(cols)]
     for kk, row in _rows(kb, mv):
         at = kb.mul(kk, width)
-        with kb.loop(cols, "j") as j:
-            v = values.load_f32(kb, base, kb.add(row, _free_offset(kb, kb.add(n0, j), mv.rest)), mv.lay.dtype)
-            b.store(v, b.gep(panel, [kb.add(at, j)], inbounds=True))
+        for j, offset in enumerate(offsets):
+            v = values.load_f32(kb, base, kb.add(row, offset), mv.lay.dtype)
+            b.store(v, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
         for j in range(cols, width):
             b.store(ZERO, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
 
