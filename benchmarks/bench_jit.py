@@ -51,7 +51,7 @@ from trnc.errors import TrncError
 from trnc.isa import AP, ActFunc, AluOp, DType, Engine, Instruction, Mem, Program, ReduceOp
 from trnc.isa.verify import verify
 from trnc.runtime import reference
-from trnc.runtime.jit.executor import JitProgram, load, on_chip_memories
+from trnc.runtime.jit.executor import load, on_chip_memories
 
 K, M, N = 128, 128, 512
 MATMUL_FLOPS = 2 * K * M * N
@@ -101,11 +101,6 @@ def best_seconds(*runs: Callable[[], object], repetitions: int) -> list[float]:
     return best
 
 
-def memories(jp: JitProgram) -> tuple[np.ndarray, np.ndarray]:
-    """Zeroed SBUF and PSUM of the program's target, as JitProgram.execute takes them."""
-    return on_chip_memories(jp.hw)
-
-
 # -- 1. matmul ------------------------------------------------------------------------------------------
 
 def jit_matmuls(dtype: DType, a: np.ndarray, b: np.ndarray, repeats: int) -> tuple[Callable[[], None], Callable]:
@@ -116,7 +111,7 @@ def jit_matmuls(dtype: DType, a: np.ndarray, b: np.ndarray, repeats: int) -> tup
                            stationary=AP(Mem.SBUF, dtype, K, ((1, M),)),
                            moving=AP(Mem.SBUF, dtype, K, ((1, N),), offset=M * isz), accumulate=True)
     jp = load(Program((), (ins,) * repeats))
-    sbuf, psum = memories(jp)
+    sbuf, psum = on_chip_memories(jp.hw)
     sbuf[:, :M * isz] = a.view(np.uint8)
     sbuf[:, M * isz:(M + N) * isz] = b.view(np.uint8)
 
@@ -198,7 +193,7 @@ def dispatch_rows(sizes: Sizes) -> list[Row]:
     t0 = time.perf_counter()
     jp = load(program, verified=True)
     load_us = (time.perf_counter() - t0) / n * 1e6
-    sbuf, psum = memories(jp)
+    sbuf, psum = on_chip_memories(jp.hw)
     execute_us = best_seconds(lambda: jp.execute(sbuf, psum, []), repetitions=sizes.repetitions)[0] / n * 1e6
     small = dispatch_program(sizes.reference)
     ref_us = best_seconds(lambda: reference.run(small, {}, verified=True), repetitions=1)[0] / sizes.reference * 1e6

@@ -58,7 +58,7 @@ from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.library import Library
 from trnc.runtime.jit.kernels import (
     DRIVER_SYMBOL, FAULT_GATHER_INDEX, LOWERINGS, FieldColumns, KernelSig, Layout, build_kernel, driver_ir, layout_of,
-    partition_pitch, static_value,
+    on_chip_bytes, partition_pitch, static_value,
 )
 from trnc.runtime.reference import execution_order, input_array
 
@@ -384,11 +384,15 @@ class JitProgram:
         hw = self.hw
         on_chip = []
         for name, mem, kind in (("sbuf", sbuf, Mem.SBUF), ("psum", psum, Mem.PSUM)):
-            cols = hw.sbuf_bytes_per_partition if kind is Mem.SBUF else hw.psum_bytes_per_partition
+            cols = on_chip_bytes(hw, kind)
             if not (isinstance(mem, np.ndarray) and mem.dtype == np.uint8 and mem.shape == (hw.partitions, cols)
                     and mem.flags.writeable):
                 raise TrncError(f"{name} must be a writeable uint8 array of shape ({hw.partitions}, {cols})")
-            on_chip.append(mem if mem.strides == (partition_pitch(hw, kind), 1) else _padded(hw, kind, mem))
+            used = mem
+            if mem.strides != (partition_pitch(hw, kind), 1):
+                used = _pitched(hw, kind)
+                used[...] = mem
+            on_chip.append(used)
         if len(hbm) != len(self.program.tensors):
             raise TrncError(f"{len(hbm)} HBM arrays given; the program declares {len(self.program.tensors)} tensors")
         for decl, array in zip(self.program.tensors, hbm):
@@ -452,17 +456,12 @@ class JitProgram:
 def on_chip_memories(hw: HwConfig) -> tuple[np.ndarray, np.ndarray]:
     """Zeroed SBUF and PSUM as the JIT's kernels address them: uint8 [partitions, bytes per partition], each a
     view of rows partition_pitch bytes apart."""
-    memories = []
-    for mem, cols in ((Mem.SBUF, hw.sbuf_bytes_per_partition), (Mem.PSUM, hw.psum_bytes_per_partition)):
-        memories.append(np.zeros((hw.partitions, partition_pitch(hw, mem)), dtype=np.uint8)[:, :cols])
-    return memories[0], memories[1]
+    return _pitched(hw, Mem.SBUF), _pitched(hw, Mem.PSUM)
 
 
-def _padded(hw: HwConfig, mem: Mem, array: np.ndarray) -> np.ndarray:
-    """A copy of `array` with rows partition_pitch bytes apart."""
-    copy = np.empty((hw.partitions, partition_pitch(hw, mem)), dtype=np.uint8)[:, :array.shape[1]]
-    copy[...] = array
-    return copy
+def _pitched(hw: HwConfig, mem: Mem) -> np.ndarray:
+    """Zeroed uint8 [partitions, bytes per partition] of `mem`, a view of rows partition_pitch bytes apart."""
+    return np.zeros((hw.partitions, partition_pitch(hw, mem)), dtype=np.uint8)[:, :on_chip_bytes(hw, mem)]
 
 
 def load(program: Program, *, hw: HwConfig | None = None, verified: bool = False) -> JitProgram:

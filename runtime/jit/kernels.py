@@ -80,12 +80,16 @@ class Layout:
 CACHE_LINE = 64   # bytes
 
 
+def on_chip_bytes(hw: HwConfig, mem: Mem) -> int:
+    """Bytes per partition of SBUF or PSUM."""
+    return hw.sbuf_bytes_per_partition if mem is Mem.SBUF else hw.psum_bytes_per_partition
+
+
 def partition_pitch(hw: HwConfig, mem: Mem) -> int:
     """Host bytes from one partition of SBUF or PSUM to the next: its bytes padded to an odd number of cache
     lines. A power-of-two pitch such as PSUM's 16 KiB puts a column of every partition in one set of L1 (and
     4 of L2), where a matmul's 128 rows evict each other; an odd number of lines spreads them over all sets."""
-    size = hw.sbuf_bytes_per_partition if mem is Mem.SBUF else hw.psum_bytes_per_partition
-    return (-(-size // CACHE_LINE) | 1) * CACHE_LINE
+    return (-(-on_chip_bytes(hw, mem) // CACHE_LINE) | 1) * CACHE_LINE
 
 
 def layout_of(ap: AP, hw: HwConfig) -> Layout:
