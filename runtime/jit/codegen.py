@@ -53,6 +53,11 @@ class Codegen:
         return 16 if "+avx512f" in self.features.split(",") else 8
 
     @property
+    def fma(self) -> bool:
+        """The host fuses a multiply and an add in one instruction (llvm.fma is otherwise a slow library call)."""
+        return "+fma" in self.features.split(",")
+
+    @property
     def identity(self) -> str:
         """What the object code depends on besides the IR: host triple, CPU, features and the LLVM version."""
         version = ".".join(map(str, llvm.llvm_version_info))

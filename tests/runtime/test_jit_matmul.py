@@ -111,13 +111,18 @@ def kernel_table(request, monkeypatch) -> Kernels:
 def test_matmul_matches_the_reference(k, m, n, st_dtype, mv_dtype, accumulate, double_row, forms, seed,
                                       kernel_table):
     ins = matmul(k, m, n, st_dtype, mv_dtype, accumulate, double_row, forms)
+    rng = np.random.default_rng(seed)
+    inputs = {name: random_values(rng, ins[name].dtype, ins[name].num_elements) for name in ("stationary", "moving", "dst")}
+    assert_matches_the_reference(ins, inputs, kernel_table)
+
+
+def assert_matches_the_reference(ins: Instruction, inputs: dict[str, np.ndarray], kernel_table: Kernels) -> None:
+    """The JIT's dst equals the reference's bit for bit (NaN by class), and no other byte differs."""
     program = Program((), (ins,), TARGET)
     verify(program)
-    rng = np.random.default_rng(seed)
     ref = Machine(program)
-    for name in ("stationary", "moving", "dst"):
-        ap = ins[name]
-        ref.write(ap, random_values(rng, ap.dtype, ap.num_elements).reshape(ap.shape))
+    for name, values in inputs.items():
+        ref.write(ins[name], values.reshape(ins[name].shape))
     jit = Machine(program)
     jit.sbuf, jit.psum = ref.sbuf.copy(), ref.psum.copy()
     ref.execute(ins)
@@ -143,3 +148,82 @@ def test_the_micro_kernel_keeps_its_accumulators_in_registers():
     assert body.count(f"phi <{bl.lanes} x float>") == bl.mr * bl.nr // bl.lanes
     assert body.count(" fmul ") == body.count(" fadd ") > 0
     assert " store " not in body and "fmuladd" not in body and "llvm.fma" not in body
+
+
+# -- the fused path: llvm.fma where every product is exact in fp32 ------------------------------------------
+
+def exponent_fields(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 23) & 0xFF
+
+
+def clean_values(rng: np.random.Generator, dtype: DType, n: int, binades: int) -> np.ndarray:
+    """n finite normal values of `dtype` within 2^+-binades (and some zeros): every product is exact in fp32."""
+    x = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-binades, binades, n)) * rng.choice([-1, 1], n))
+    x = np.where(rng.random(n) < 0.05, 0.0, x).astype(np.float32)
+    return from_fp32(x, dtype)
+
+
+@pytest.mark.parametrize("st_dtype, mv_dtype", [(DType.BF16, DType.BF16), (DType.FP16, DType.FP16),
+                                                (DType.BF16, DType.FP8_E4M3), (DType.FP8_E5M2, DType.FP16)])
+@pytest.mark.parametrize("m, n", [(128, 512), (5, 100), (64, 7)])
+def test_the_fused_path_matches_the_reference(st_dtype, mv_dtype, m, n, kernel_table):
+    """Inputs whose products are all exact (fields sum to 128..380, so _exact_products holds and the kernel runs
+    llvm.fma where the host has it) give the reference's bits, accumulating into values of every size."""
+    rng = np.random.default_rng(7)
+    ins = matmul(128, m, n, st_dtype, mv_dtype, True, False, ("contiguous",) * 3)
+    binades = 6 if DType.FP8_E4M3 in (st_dtype, mv_dtype) or DType.FP8_E5M2 in (st_dtype, mv_dtype) else 12
+    inputs = {"stationary": clean_values(rng, st_dtype, 128 * m, binades),
+              "moving": clean_values(rng, mv_dtype, 128 * n, binades),
+              "dst": random_values(rng, DType.FP32, m * n)}
+    fields = [exponent_fields(inputs[name].astype(np.float32)) for name in ("stationary", "moving")]
+    nonzero = [f[f > 0] for f in fields]
+    assert max(f.max() for f in fields) * 2 <= 380 and min(f.min() for f in nonzero) * 2 >= 128   # the fused path
+    assert_matches_the_reference(ins, inputs, kernel_table)
+
+
+def one_product(s: float, v: float, acc: float) -> tuple[Instruction, dict[str, np.ndarray]]:
+    """A K = 1 bf16 matmul of 1 x 16 accumulating s * v into acc, every column the same."""
+    ins = matmul(1, 1, 16, DType.BF16, DType.BF16, True, False, ("contiguous",) * 3)
+    return ins, {"stationary": from_fp32(np.array([s], np.float32), DType.BF16),
+                 "moving": from_fp32(np.full(16, v, np.float32), DType.BF16),
+                 "dst": np.full(16, acc, np.float32)}
+
+
+@pytest.mark.parametrize("s, v, acc", [
+    (1.25 * 2.0 ** -74, 2.0 ** -75, 2.0 ** -125),   # s * v = 1.25 x 2^-149: rounds to 2^-149, then a tie to even
+    (2.0 ** 64, 2.0 ** 64, float(-np.finfo(np.float32).max)),   # s * v = 2^128 overflows to Inf before the add
+], ids=["subnormal-product", "overflowing-product"])
+def test_products_that_round_take_the_separate_path(s, v, acc, kernel_table):
+    """Where fp32(s * v) is not s * v, a fused multiply-add would round once and differ: the kernel must see it
+    (exponent fields outside 128..380) and multiply and add apart, as the spec says."""
+    with np.errstate(over="ignore"):
+        separate = np.float32(np.float32(acc) + np.float32(np.float32(s) * np.float32(v)))
+    fused = np.float32(np.float64(acc) + np.float64(s) * np.float64(v))   # exact in float64, rounded once
+    assert not bits_equal_or_both_nan(np.array([separate]), np.array([fused]), DType.FP32).all()
+    ins, inputs = one_product(s, v, acc)
+    assert_matches_the_reference(ins, inputs, kernel_table)
+
+
+def test_one_panel_fused_and_the_next_separate(kernel_table):
+    """The choice is per panel of 16 columns: moving 1.0 in the first panel (exact products, fused) and 2^-75
+    in the second, whose product with 1.25 x 2^-74 rounds (as in the subnormal case above), must not be fused."""
+    ins = matmul(1, 1, 32, DType.BF16, DType.BF16, True, False, ("contiguous",) * 3)
+    inputs = {"stationary": from_fp32(np.array([1.25 * 2.0 ** -74], np.float32), DType.BF16),
+              "moving": from_fp32(np.repeat(np.float32([1.0, 2.0 ** -75]), 16), DType.BF16),
+              "dst": np.full(32, 2.0 ** -125, np.float32)}
+    assert_matches_the_reference(ins, inputs, kernel_table)
+
+
+def test_the_kernel_fuses_only_when_neither_input_is_fp32(monkeypatch):
+    """llvm.fma appears in a bf16 matmul's kernel on a host with FMA, never in one with an fp32 input."""
+    from trnc.runtime.jit import codegen as codegen_module
+    monkeypatch.setattr(codegen_module.Codegen, "fma", property(lambda self: True))
+
+    def kernel_text(st_dtype: DType) -> str:
+        ins = matmul(128, 128, 512, st_dtype, DType.BF16, True, False, ("contiguous",) * 3)
+        sig = KernelSig("matmul", tuple((name, layout_of(ins[name], HW)) for name in ("dst", "stationary", "moving")),
+                        (("accumulate", True), ("double_row", False)))
+        return str(build_kernel(sig))
+
+    assert "llvm.fma" in kernel_text(DType.BF16)
+    assert "llvm.fma" not in kernel_text(DType.FP32)

@@ -26,7 +26,7 @@ from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen
 from trnc.runtime.jit.executor import JitProgram, Kernels, load
 from trnc.runtime.reference import execution_order
-from trnc.runtime.jit.kernels import CACHE_LINE, LOWERINGS, build_kernel, partition_pitch
+from trnc.runtime.jit.kernels import CACHE_LINE, LOWERINGS, KernelSig, build_kernel, layout_of, partition_pitch
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -356,5 +356,8 @@ def test_no_fused_multiply_add_in_an_fp32_matmul():
     inputs = {"s": np.array([[-1.0], [a]], np.float32), "v": np.array([[1.0], [a]], np.float32)}
     got = load(program).run(inputs)["y"][0, 0]
     assert got == np.float32(2 ** -11) == reference.run(program, inputs)["y"][0, 0]
-    sig = next(s for s in load(program).kernels.signatures if s.opcode == "matmul")
+    jp = load(program)
+    matmul = next(ins for ins in program.instructions if ins.opcode == "matmul")
+    sig = KernelSig("matmul", tuple((name, layout_of(matmul[name], jp.hw)) for name in ("dst", "stationary", "moving")),
+                    (("accumulate", False), ("double_row", False)))   # this one, not any loaded in the process
     assert re.search(r"vfn?m(add|sub)", Codegen().assembly(build_kernel(sig))) is None
