@@ -178,16 +178,17 @@ def _pack_panel(kb: KernelBuilder, mv: _Operand, panel: ir.Value, n0: ir.Value, 
     b = kb.b
     base = kb.base("moving")
     affine = len(canonical(mv.rest.dims)) <= 1
-    offsets = [] if affine else [_free_offset(kb, kb.add(n0, i64(j)), mv.rest) for j in range(cols)]
+    offsets = None if affine else [_free_offset(kb, kb.add(n0, i64(j)), mv.rest) for j in range(cols)]
     for kk, row in _rows(kb, mv):
         at = kb.mul(kk, width)
-        if affine:
+        if offsets is None:
             with kb.loop(cols, "col") as j:
                 v = values.load_f32(kb, base, kb.add(row, _free_offset(kb, kb.add(n0, j), mv.rest)), mv.lay.dtype)
                 b.store(v, b.gep(panel, [kb.add(at, j)], inbounds=True))
-        for j, offset in enumerate(offsets):
-            v = values.load_f32(kb, base, kb.add(row, offset), mv.lay.dtype)
-            b.store(v, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
+        else:
+            for j, offset in enumerate(offsets):
+                v = values.load_f32(kb, base, kb.add(row, offset), mv.lay.dtype)
+                b.store(v, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
         for j in range(cols, width):
             b.store(ZERO, b.gep(panel, [kb.add(at, i64(j))], inbounds=True))
 
