@@ -16,8 +16,8 @@ checks the exponent range of its values and the stationary's (_exact_products), 
 exact in fp32 it runs the micro-kernel with llvm.fma, which then gives fp32(acc + fp32(s * v)) bit for bit
 with one instruction instead of two (the AVX2 loop of separate multiplies and adds is bound by their count).
 Stack use is at most 161 KiB (stationary 128 x 256 fp32 for fp8 double_row, its rows padded to whole blocks,
-plus a 256 x NR panel and one widened row of stationary; cache-line aligned, so no vector load splits a
-line), well inside a thread's default stack.
+plus a 256 x NR panel; cache-line aligned, so no vector load splits a line), well inside a thread's default
+stack.
 The micro-kernel's shape follows the host's vector width (Blocking).
 
 matmul_mx keeps the row-at-a-time form: per output row, N accumulators in a stack array, the loop over n
@@ -140,31 +140,37 @@ def _rows(kb: KernelBuilder, op: _Operand) -> Iterator[tuple[ir.Value, ir.Value]
 
 def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int, bl: Blocking) -> tuple[ir.Value, int]:
     """(buffer, its size) of an fp32 copy of stationary: element (kk, m) at index (m // MR) * rows * MR + kk * MR
-    + m % MR (each block's MR values of a step are one static run of loads and stores: no division per element).
-    The last block's missing rows and the padding up to whole vectors are +0.0, so the buffer scans whole."""
+    + m % MR. The last block's missing rows and the padding up to whole vectors are +0.0, so the buffer scans
+    whole. Blocks outermost, so the buffer is written in order (steps outermost scattered each step's runs
+    over the blocks, 4 KiB apart: 1 ns per element); a full block's run of a step is one vector store, of one
+    vector load when its fp32 elements are adjacent, else of MR loads that LLVM vectorizes when affine."""
     b, mr = kb.b, bl.mr
     used = -(-m_count // mr) * mr * st.rows
     size = -(-used // bl.lanes) * bl.lanes
     buf = kb.alloca(F32, size, name="spack", align=CACHE_LINE)
     base = kb.base("stationary")
-    widen_first = st.lay.dtype is not DType.FP32 and len(canonical(st.rest.dims)) <= 1
-    wide = kb.alloca(F32, m_count, name="wide", align=CACHE_LINE) if widen_first else None
-    for kk, row in _rows(kb, st):
-        if wide is not None:   # a vectorized loop widens the row; the blocks then copy fp32 values
-            with kb.loop(m_count, "m") as m:
-                x = values.load_f32(kb, base, kb.add(row, _free_offset(kb, m, st.rest)), st.lay.dtype)
-                b.store(x, b.gep(wide, [m], inbounds=True))
-        for m0, rows in _row_blocks(kb, m_count, mr):
+    dims = canonical(st.rest.dims)
+    fp32_run = st.lay.dtype is DType.FP32 and (len(dims) == 0 or (len(dims) == 1 and dims[0][0] == 4))
+    run = ir.VectorType(F32, mr)
+
+    def element(row: ir.Value, m: ir.Value) -> ir.Value:
+        return values.load_f32(kb, base, kb.add(row, _free_offset(kb, m, st.rest)), st.lay.dtype)
+
+    for m0, rows in _row_blocks(kb, m_count, mr):
+        for kk, row in _rows(kb, st):
             first = kb.add(kb.mul(m0, st.rows), kb.mul(kk, mr))   # m0 = (m // MR) * MR
-            for i in range(mr):
-                at = b.gep(buf, [kb.add(first, i64(i))], inbounds=True)
-                if i >= rows:
-                    b.store(ZERO, at)
-                elif wide is not None:
-                    b.store(b.load(b.gep(wide, [kb.add(m0, i64(i))], inbounds=True)), at)
-                else:
-                    off = kb.add(row, _free_offset(kb, kb.add(m0, i64(i)), st.rest))
-                    b.store(values.load_f32(kb, base, off, st.lay.dtype), at)
+            if rows < mr:
+                for i in range(mr):
+                    x = element(row, kb.add(m0, i64(i))) if i < rows else ZERO
+                    b.store(x, b.gep(buf, [kb.add(first, i64(i))], inbounds=True))
+                continue
+            if fp32_run:
+                x = b.load(kb.at(base, kb.add(row, kb.mul(m0, 4)), run), align=4)
+            else:
+                x = ir.Constant(run, None)
+                for i in range(mr):
+                    x = b.insert_element(x, element(row, kb.add(m0, i64(i))), ir.Constant(I32, i))
+            b.store(x, _vector_at(kb, buf, first, run), align=4)
     for i in range(used, size):
         b.store(ZERO, b.gep(buf, [i64(i)], inbounds=True))
     return buf, size
