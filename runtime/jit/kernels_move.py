@@ -6,17 +6,21 @@ dtypes reads fp32 and converts on write through runtime/jit/kernels_values.py, l
 """
 from __future__ import annotations
 
+import contextlib
 
 import numpy as np
+from llvmlite import ir
 
 from trnc.isa.dtypes import DType
 from trnc.isa.enums import Rounding
 from trnc.runtime.convert import from_fp32
 from trnc.runtime.jit import kernels_values as values
 from trnc.runtime.jit.kernels import (
-    CACHE_LINE, FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, FieldColumns, KernelBuilder, KernelSig, Layout, Stream,
-    canonical, flat_stream, i64, lowering, partition_blocks, partition_starts, stream,
+    CACHE_LINE, FAULT_GATHER_INDEX, I32, I64, INT_OF_SIZE, FieldColumns, KernelBuilder, KernelSig, Layout, Nest,
+    Stream, canonical, flat_stream, i64, lowering, partition_blocks, partition_starts, plan, stream,
 )
+
+TILE = 16   # partitions x free elements a transposing copy moves as one tile of vectors
 
 
 def move_element(kb: KernelBuilder, src: Layout, src_base, src_off, dst: Layout, dst_base, dst_off,
@@ -42,12 +46,17 @@ def partition_block(dst: Layout, src: Layout) -> int:
 
 def _copy(kb: KernelBuilder, sig: KernelSig, rounding: Rounding = Rounding.RNE, seed=None) -> None:
     """dst = src element by element; a copy's elements are independent (its operands are one access pattern or
-    disjoint), so their order is free: blocks of partition_block partitions, then the rest one by one."""
+    disjoint), so their order is free: tiles of a transposing copy (_tiling), else blocks of partition_block
+    partitions, then the rest one by one."""
     dst, src = sig.layout("dst"), sig.layout("src")
     dbase, sbase = kb.base("dst"), kb.base("src")
     streams = [stream(dst), stream(src)] + ([flat_stream(dst.counts)] if seed is not None else [])
-    lanes = partition_block(dst, src) if seed is None else 1   # a rounding stream is per partition
+    tiling = _tiling(dst, src) if seed is None else None
+    lanes = TILE if tiling else partition_block(dst, src) if seed is None else 1   # a rounding stream is per partition
     for lanes, count, first in partition_blocks(dst.partitions, lanes):
+        if tiling and lanes == TILE:
+            _tiles(kb, dst, src, count, *tiling)
+            continue
         with kb.loop(count, "block") as block:
             p = kb.add(kb.mul(block, lanes), i64(first))
             starts = partition_starts(kb, p, [dst, src]) + ([i64(0)] if seed is not None else [])
@@ -56,6 +65,82 @@ def _copy(kb: KernelBuilder, sig: KernelSig, rounding: Rounding = Rounding.RNE, 
                 for k in range(lanes):
                     move_element(kb, src, sbase, kb.add(offs[1], i64(k * src.pstride)), dst, dbase,
                                  kb.add(offs[0], i64(k * dst.pstride)), rounding, rand)
+
+
+def _distinct(lay: Layout) -> bool:
+    """Every element of `lay` at its own bytes (each stride, by size, clears the span of the smaller ones)."""
+    span = lay.dtype.itemsize
+    for s, c in sorted((abs(s), c) for s, c in ((lay.pstride, lay.partitions), *canonical(lay.dims))):
+        if c > 1 and s < span:
+            return False
+        span += s * (c - 1)
+    return True
+
+
+def _tiling(dst: Layout, src: Layout) -> tuple[Nest, bool] | None:
+    """(loop nest, whether src is the side of adjacent partitions) when the copy is a transpose that moves
+    TILE x TILE tiles through vector registers: a bit copy of 2- or 4-byte elements whose one side has its
+    partitions adjacent and the other its innermost free elements (GPT-2's activation and weight transposes:
+    element by element they ran at 3 GB/s). dst must reach each element once, as the order changes."""
+    size = dst.dtype.itemsize
+    if src.dtype is not dst.dtype or size not in (2, 4) or dst.partitions < TILE or not _distinct(dst):
+        return None
+    nest = plan([stream(dst), stream(src)], dst.free_size)
+    if not nest.counts or nest.counts[-1] < TILE:   # None: no common nest; (): one element
+        return None
+    d_in, s_in = nest.strides[-1]
+    if src.pstride == size and d_in == size and dst.pstride >= TILE * size:
+        return nest, True
+    if dst.pstride == size and s_in == size and abs(d_in) >= TILE * size:
+        return nest, False
+    return None
+
+
+def _transposed(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The columns of a square tile of row vectors: at each level h = T/2 .. 1 the off-diagonal h x h blocks
+    of each 2h x 2h block swap (rows i and i + h exchange their halves), one shuffle per row."""
+    t, rows = len(rows), list(rows)
+    h = t // 2
+    while h:
+        low = ir.Constant(ir.VectorType(I32, t), [j + t - h if j & h else j for j in range(t)])
+        high = ir.Constant(ir.VectorType(I32, t), [j + t if j & h else j + h for j in range(t)])
+        for i in (i for i in range(t) if not i & h):
+            rows[i], rows[i + h] = (b.shuffle_vector(rows[i], rows[i + h], low),
+                                    b.shuffle_vector(rows[i], rows[i + h], high))
+        h //= 2
+    return rows
+
+
+def _tiles(kb: KernelBuilder, dst: Layout, src: Layout, count: int, nest: Nest, src_adjacent: bool) -> None:
+    """`count` blocks of TILE partitions of a transposing copy: per innermost run of TILE elements, TILE vector
+    loads along the side read whole, a register transpose, TILE vector stores; the run's tail element by element."""
+    b, size = kb.b, dst.dtype.itemsize
+    vec = ir.VectorType(INT_OF_SIZE[size], TILE)
+    dbase, sbase = kb.base("dst"), kb.base("src")
+    d_in, s_in = nest.strides[-1]
+    # the side of adjacent partitions is loaded or stored a free element at a time, the other a partition at a time
+    src_steps = [j * s_in for j in range(TILE)] if src_adjacent else [q * src.pstride for q in range(TILE)]
+    dst_steps = [q * dst.pstride for q in range(TILE)] if src_adjacent else [j * d_in for j in range(TILE)]
+    runs, tail = divmod(nest.counts[-1], TILE)
+    with kb.loop(count, "block") as block, contextlib.ExitStack() as stack:
+        p = kb.mul(block, TILE)
+        offs = [kb.mul(p, dst.pstride), kb.mul(p, src.pstride)]
+        for level, n in enumerate(nest.counts[:-1]):
+            i = stack.enter_context(kb.loop(n, f"o{level}"))
+            offs = [kb.add(o, kb.mul(i, st)) for o, st in zip(offs, nest.strides[level])]
+        with kb.loop(runs, "run") as run:
+            e = kb.mul(run, TILE)
+            d0, s0 = kb.add(offs[0], kb.mul(e, d_in)), kb.add(offs[1], kb.mul(e, s_in))
+            rows = [b.load(kb.at(sbase, kb.add(s0, i64(step)), vec), align=size) for step in src_steps]
+            for step, column in zip(dst_steps, _transposed(b, rows)):
+                b.store(column, kb.at(dbase, kb.add(d0, i64(step)), vec), align=size)
+        if tail:
+            with kb.loop(tail, "tail") as t:
+                e = kb.add(t, i64(runs * TILE))
+                d0, s0 = kb.add(offs[0], kb.mul(e, d_in)), kb.add(offs[1], kb.mul(e, s_in))
+                for q in range(TILE):
+                    move_element(kb, src, sbase, kb.add(s0, i64(q * src.pstride)), dst, dbase,
+                                 kb.add(d0, i64(q * dst.pstride)))
 
 
 @lowering("dma_copy")

@@ -255,8 +255,8 @@ def _hbm(dtype: DType) -> int:
 
 
 TRANSPOSING_COPIES = [   # (dst, src): one side's partitions adjacent elements, its free elements far apart
-    (AP(Mem.SBUF, DType.FP32, 40, ((1, 20),), offset=512),
-     AP(Mem.HBM, DType.FP32, 40, ((128, 20),), offset=4, tensor=_hbm(DType.FP32), partition_stride=1)),
+    (AP(Mem.SBUF, DType.FP32, 40, ((1, 12),), offset=512),   # runs shorter than a tile
+     AP(Mem.HBM, DType.FP32, 40, ((128, 12),), offset=4, tensor=_hbm(DType.FP32), partition_stride=1)),
     (AP(Mem.SBUF, DType.BF16, 40, ((1, 20),), offset=512),
      AP(Mem.HBM, DType.FP32, 40, ((128, 20),), offset=0, tensor=_hbm(DType.FP32), partition_stride=1)),
     (AP(Mem.HBM, DType.BF16, 70, ((480, 4), (-96, 5)), offset=1024, tensor=_hbm(DType.BF16), partition_stride=1),
@@ -269,10 +269,40 @@ TRANSPOSING_COPIES = [   # (dst, src): one side's partitions adjacent elements, 
 @pytest.mark.parametrize("case", range(len(TRANSPOSING_COPIES)))
 def test_transposing_copies_move_partitions_in_blocks_and_match_the_reference(case):
     from trnc.runtime.jit.kernels import layout_of
-    from trnc.runtime.jit.kernels_move import partition_block
-    dst, src = TRANSPOSING_COPIES[case]
-    assert partition_block(layout_of(dst, HW), layout_of(src, HW)) > 1   # the blocked loop is what runs
-    check_against_reference(Instruction.make("dma_copy", Engine.DMA, dst=dst, src=src), 300 + case)
+    from trnc.runtime.jit.kernels_move import _tiling, partition_block
+    dst, src = (layout_of(ap, HW) for ap in TRANSPOSING_COPIES[case])
+    assert _tiling(dst, src) is None and partition_block(dst, src) > 1   # the blocked loop is what runs
+    check_against_reference(Instruction.make("dma_copy", Engine.DMA, dst=TRANSPOSING_COPIES[case][0],
+                                             src=TRANSPOSING_COPIES[case][1]), 300 + case)
+
+
+TILED_COPIES = [   # (dst, src): bit copies moved as 16 x 16 tiles, with partitions and runs left over
+    (AP(Mem.SBUF, DType.BF16, 40, ((1, 37),), offset=512),
+     AP(Mem.HBM, DType.BF16, 40, ((128, 37),), offset=2, tensor=_hbm(DType.BF16), partition_stride=1)),
+    (AP(Mem.SBUF, DType.FP32, 128, ((32, 3), (1, 20)), offset=256),
+     AP(Mem.HBM, DType.FP32, 128, ((2688, 3), (128, 20)), offset=0, tensor=_hbm(DType.FP32), partition_stride=1)),
+    (AP(Mem.HBM, DType.BF16, 48, ((128, 33),), offset=64, tensor=_hbm(DType.BF16), partition_stride=1),
+     AP(Mem.SBUF, DType.BF16, 48, ((1, 33),), offset=2048)),
+    (AP(Mem.HBM, DType.FP32, 32, ((-256, 16),), offset=4 * 256 * 15, tensor=_hbm(DType.FP32), partition_stride=1),
+     AP(Mem.SBUF, DType.FP32, 32, ((1, 16),), offset=0)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TILED_COPIES)))
+def test_transposing_bit_copies_move_tiles_and_match_the_reference(case):
+    from trnc.runtime.jit.kernels import layout_of
+    from trnc.runtime.jit.kernels_move import _tiling
+    dst, src = TILED_COPIES[case]
+    assert _tiling(layout_of(dst, HW), layout_of(src, HW)) is not None   # the register transpose is what runs
+    check_against_reference(Instruction.make("dma_copy", Engine.DMA, dst=dst, src=src), 310 + case)
+
+
+def test_a_copy_whose_destination_repeats_an_element_is_not_tiled():
+    from trnc.runtime.jit.kernels import layout_of
+    from trnc.runtime.jit.kernels_move import _tiling
+    dst = AP(Mem.HBM, DType.BF16, 32, ((8, 16),), offset=0, tensor=_hbm(DType.BF16), partition_stride=1)
+    src = AP(Mem.SBUF, DType.BF16, 32, ((1, 16),), offset=0)
+    assert _tiling(layout_of(dst, HW), layout_of(src, HW)) is None   # partition 8 meets element 1 of partition 0
 
 
 FOLDS = [   # partition counts around the fold blocks (runtime/jit FOLD_LANES = 16): whole blocks, a rest, only a rest
