@@ -11,9 +11,9 @@ wait (s, v), the unit that sends the v-th signal of s (a semaphore is signalled 
 queue having finished it means the count has reached v). The run is a legal execution. Workers (one
 native function, `trnc_worker`, called from one host thread each; ctypes releases the GIL) take the next
 unit of the *take order* from a shared counter, wait until its pairs are met, run its driver steps (staging
-copies, then its kernel) and publish the queue's new count with a release store. A waiting worker spins a
-few microseconds, then sleeps on a futex that every finished unit advances, so workers beyond the free
-cores cost no time (the machine may be running other work, or more workers than cores).
+copies, then its kernel) and publish the queue's new count with a release store. A waiting worker spins up
+to about a tenth of a millisecond, then sleeps on a futex that every finished unit advances, so workers
+beyond the free cores cost little time (the machine may be running other work, or more workers than cores).
 
 The take order is a list schedule of the units on the workers, by estimated host cost (`host_seconds`),
 longest path to the end first. Taking units in the serial order instead leaves a worker waiting on a unit
@@ -47,7 +47,9 @@ WORKER_SYMBOL = "trnc_worker"
 # A unit's words: first step, step count, queue, position in the queue, first dependency, dependency count,
 # its instruction's rank in the serial order, and that instruction's piece count (runtime/jit/split.py).
 UNIT_WORDS = 8
-SPINS_BEFORE_SLEEP = 1 << 11   # pause-loop turns (a few microseconds) before a waiting worker sleeps
+SPINS_BEFORE_SLEEP = 1 << 13   # pause-loop turns (0.14 ms at 16 ns a pause on a 2026 Xeon) before a waiting
+# worker sleeps: waking a sleeping vCPU costs tens of microseconds, more than most waits for a unit (with 2^11
+# turns, 33 us, GPT-2 fp32 at two threads ran 1.6x faster than serial; now 1.7x)
 # Estimated host cost of an instruction (runtime/jit kernels on one core; only the take order uses them):
 # per call, per multiply-accumulate of a matmul, per element of the largest operand of anything else.
 CALL_SECONDS, MAC_SECONDS, ELEMENT_SECONDS = 5e-7, 1.2e-11, 4e-10
