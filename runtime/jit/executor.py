@@ -52,7 +52,7 @@ from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
 from trnc import flags
 from trnc.runtime.jit import kernels_move, kernels_pe, kernels_reduce, kernels_vector  # noqa: F401  (lowerings)
-from trnc.runtime.jit import parallel, split
+from trnc.runtime.jit import clearing, parallel, split
 from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.library import Library
@@ -249,6 +249,8 @@ class JitProgram:
         self.kernels = table if table is not None else kernels()
         self.library = Library(self.kernels.codegen)   # the program's native code lives as long as it does
         self._kept: tuple[np.ndarray, ...] | None = None     # SBUF, PSUM and scratch buffers between runs
+        self._kept_zero = False   # they hold zeros wherever the program never writes
+        self._plan: list | None = None   # what to clear of them before a run (runtime/jit/clearing.py)
         self._kept_lock = threading.Lock()
         self._parallel: dict[int, tuple[_DriverTable, parallel.Schedule]] = {}   # by piece count, on first use
         self._worker_call = None   # the ctypes function of the worker, on the first parallel run
@@ -358,23 +360,37 @@ class JitProgram:
 
     def _cleared(self, fill: int, keep: bool) -> tuple[np.ndarray, ...]:
         """SBUF and PSUM filled with `fill` and zeroed scratch tensors: the kept ones (with `keep`), else new ones.
-        On chip only the bytes a run reaches are written, so the pages past them are never touched (not
-        resident) in a new buffer, and a kept one is cleared there only."""
+        On chip only the bytes of each partition a run reaches are written, so the pages past them are never
+        touched (not resident) in a new buffer. Kept buffers that hold zeros but where the program writes
+        (after a run with fill 0) are cleared only where runtime/jit/clearing.py plans it."""
         hw = self.hw
         new = not (keep and self._kept is not None)
         if new:
             buffers = (*on_chip_memories(hw), *[np.zeros(decl.shape, dtype=decl.dtype.storage)
                                                 for decl in self.program.tensors if decl.kind is TensorKind.SCRATCH])
-            if keep:
-                self._kept = buffers
         else:
             buffers = self._kept
-            for array in buffers[2:]:
-                array.fill(0)
-        if fill or not new:
-            buffers[0][:, :self._reached[Mem.SBUF]] = fill
-            buffers[1][:, :self._reached[Mem.PSUM]] = fill
+        if not new and not fill and self._kept_zero:
+            self._clear_planned(buffers)
+        else:
+            if not new:
+                for array in buffers[2:]:
+                    array.fill(0)
+            if fill or not new:
+                buffers[0][:, :self._reached[Mem.SBUF]] = fill
+                buffers[1][:, :self._reached[Mem.PSUM]] = fill
+        if keep:
+            self._kept, self._kept_zero = buffers, not fill
         return buffers
+
+    def _clear_planned(self, buffers: tuple[np.ndarray, ...]) -> None:
+        if self._plan is None:   # at the second run: a program run once never needs it
+            self._plan = clearing.clear_plan(self.program, self.table, self.order, (buffers[0].shape, buffers[1].shape))
+        for buffer, first, end, lo, hi in self._plan:
+            if buffer < 2:
+                buffers[buffer][first:end, lo:hi] = 0
+            else:
+                buffers[buffer].reshape(-1).view(np.uint8)[lo:hi] = 0
 
     def execute(self, sbuf: np.ndarray, psum: np.ndarray, hbm: list[np.ndarray]) -> None:
         """Run on the given memories, in place: SBUF and PSUM uint8 [partitions, bytes per partition], and one
