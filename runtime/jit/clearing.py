@@ -66,16 +66,17 @@ def clear_plan(program: Program, table: OperandTable, order, on_chip: tuple[tupl
                         unread.add(rect)
                 elif _one_run(table, row):
                     written[buffer][box] = True
-    return _bounded(sorted(unread), [w.size for w in written])
+    return _bounded(sorted(unread), [w.shape for w in written])
 
 
-def _bounded(rects: list[Rectangle], sizes: list[int]) -> list[Rectangle]:
+def _bounded(rects: list[Rectangle], shapes: list[tuple[int, ...]]) -> list[Rectangle]:
     """The rectangles, but one whole buffer in place of those of a buffer whose areas add up to its size."""
-    area = [0] * len(sizes)
+    area = [0] * len(shapes)
     for buffer, first, end, lo, hi in rects:
         area[buffer] += (end - first) * (hi - lo)
-    whole = {b for b, a in enumerate(area) if a >= sizes[b]}
-    return [r for r in rects if r[0] not in whole] + [(b, 0, 1 << 30, 0, 1 << 62) for b in sorted(whole)]
+    whole = {b for b, a in enumerate(area) if a >= np.prod(shapes[b])}
+    return [r for r in rects if r[0] not in whole] + \
+        [(b, 0, shapes[b][0] if len(shapes[b]) == 2 else 1, 0, shapes[b][-1]) for b in sorted(whole)]
 
 
 def _one_run(table: OperandTable, row: int) -> bool:
