@@ -318,6 +318,33 @@ def test_a_convolutions_matmul_splits_along_its_window_rows_with_the_bits_of_the
         assert_same_outputs(run_at(threads, program, inputs), want, program)
 
 
+def test_more_workers_than_pieces_run_each_piece_once():
+    """Matmuls of 48 columns split into 3 pieces of 16 for 4 or 5 workers: worker w claims piece w mod 3 first,
+    so two workers prefer the same piece and one must take another. The second matmul accumulates into the
+    first's PSUM, so a piece run twice, or not at all, changes the output bits."""
+    tensors = (TensorDecl("a", TensorKind.INPUT, F32, (128, 128)), TensorDecl("b", TensorKind.INPUT, F32, (128, 48)),
+               TensorDecl("y", TensorKind.OUTPUT, F32, (128, 48)))
+    a, b = onchip(F32, (128, 128)), onchip(F32, (128, 48), offset=512)
+    psum, y = onchip(F32, (128, 48), mem=Mem.PSUM), onchip(F32, (128, 48), offset=1024)
+    program = Program(tensors, (
+        Instruction.make("dma_copy", Engine.DMA, dst=a, src=hbm(0, F32, (128, 128)), signals=(0,)),
+        Instruction.make("dma_copy", Engine.DMA, queue=1, dst=b, src=hbm(1, F32, (128, 48)), signals=(1,)),
+        Instruction.make("matmul", Engine.PE, dst=psum, stationary=a, moving=b, waits=((0, 1), (1, 1))),
+        Instruction.make("matmul", Engine.PE, dst=psum, stationary=a, moving=b, accumulate=True, signals=(2,)),
+        Instruction.make("tensor_copy", Engine.DVE, dst=y, src=psum, waits=((2, 1),), signals=(3,)),
+        Instruction.make("dma_copy", Engine.DMA, queue=2, dst=hbm(2, F32, (128, 48)), src=y, waits=((3, 1),))))
+    rng = np.random.default_rng(2)
+    inputs = {"a": rng.standard_normal((128, 128)).astype(np.float32),
+              "b": rng.standard_normal((128, 48)).astype(np.float32)}
+    want = reference.run(program, inputs)
+    loaded = load(program)
+    for threads in (4, 5, 4, 5, 4, 5):
+        with flags.override(TRNC_THREADS=threads):
+            assert_same_outputs(loaded.run(inputs), want, program)
+        table, _ = loaded._parallel[threads]
+        assert len(table.pieces[2]) == len(table.pieces[3]) == 3
+
+
 @pytest.mark.parametrize("opcode", ["matmul", "activation"])
 def test_pieces_cover_the_whole_instruction_once(opcode):
     ins = next(i for i in _big_matmul_and_activation().instructions if i.opcode == opcode)
