@@ -64,6 +64,7 @@ CALL_SECONDS, MAC_SECONDS, ELEMENT_SECONDS = 5e-7, 1.2e-11, 4e-10
 # the sleeping workers, each queue's count of finished instructions, then each instruction's count of finished pieces
 # (n words, n the unit count), then each unit's claim (1 once a worker has taken it).
 SHARED_NEXT, SHARED_STOP, SHARED_GENERATION, SHARED_SLEEPERS, SHARED_DONE = range(5)
+SHARED_PIECES = SHARED_DONE + len(QUEUE_ORDER)   # the first count of finished pieces; the claims start n words on
 FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}   # Linux system call numbers
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 
@@ -157,7 +158,7 @@ class Schedule:
     def run(self, worker, table: np.ndarray, bases: list[np.ndarray], statuses: list[np.ndarray]) -> list[int]:
         """Run the units on len(bases) threads (the caller's is one); each thread's own memory bases (its own
         staging buffer) and status words. Returns each worker's code (0, or the fault code of its unit)."""
-        shared = np.zeros(SHARED_DONE + len(QUEUE_ORDER) + 2 * len(self.units), dtype=np.int64)
+        shared = np.zeros(SHARED_PIECES + 2 * len(self.units), dtype=np.int64)
         shared[SHARED_STOP] = len(self.units)
         codes = [0] * len(bases)
 
@@ -278,7 +279,7 @@ def worker_ir(triple: str) -> str:
     j = b.phi(I64, name="j")
     j.add_incoming(i64(0), bb["pick"])
     candidate = b.add(w.word(w.units, b.add(taken_row, i64(8))), b.srem(b.add(w.w, j), parts))
-    claim = w.shared_word(b.add(b.add(w.n, candidate), i64(SHARED_DONE + len(QUEUE_ORDER))))
+    claim = w.shared_word(b.add(b.add(w.n, candidate), i64(SHARED_PIECES)))
     was = b.atomic_rmw("xchg", claim, i64(1), "monotonic")
     j.add_incoming(b.add(j, i64(1)), bb["claim"])
     b.cbranch(b.icmp_signed("==", was, i64(0)), bb["unit"], bb["claim"])
@@ -350,7 +351,7 @@ def worker_ir(triple: str) -> str:
 
     b.position_at_end(bb["finish"])                     # the last piece to finish publishes
     parts = w.word(w.units, b.add(row, i64(7)))
-    finished = w.shared_word(b.add(w.word(w.units, b.add(row, i64(6))), i64(SHARED_DONE + len(QUEUE_ORDER))))
+    finished = w.shared_word(b.add(w.word(w.units, b.add(row, i64(6))), i64(SHARED_PIECES)))
     last = b.icmp_signed("==", b.add(b.atomic_rmw("add", finished, i64(1), "acq_rel"), i64(1)), parts)
     b.cbranch(last, bb["publish"], bb["take"])
     b.position_at_end(bb["publish"])                    # the queue has finished position + 1 instructions
