@@ -9,8 +9,8 @@ one untimed warm-up, taken with time.perf_counter; the JIT is single-threaded an
   `JitProgram.execute` on prepared memories is timed, and the time per matmul is total / R (nothing is
   subtracted). Baseline: `torch.addmm(c, a.T, b, out=c)` on the same tiles in the same dtype, R calls; the
   rounds alternate JIT and torch, so both see the same machine load. Goal: at least 0.7x torch. The ISA
-  fixes fp32 accumulation in k order, one rounding per step (isa/spec_intro.md), so the kernel vectorizes
-  over N only and cannot use FMA or reorder the sum.
+  fixes fp32 accumulation in k order, one fused multiply-add per step (isa/spec_intro.md), so the kernel
+  vectorizes over M and N with FMA but cannot reorder the sum.
 - dispatch: a program of N small instructions (3 in 4 a tensor_tensor add of [8, 4] fp32 tiles on DVE, 1 in 4
   a memset of one fp32 element on POOL) cycling through 4096 distinct instructions. Timed separately: one
   `execute` (one native call running every instruction; goal under 2 us each), the JIT load with its

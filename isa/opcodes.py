@@ -167,9 +167,9 @@ TABLE: tuple[OpSpec, ...] = (
             imm("accumulate", Kind.BOOL, "add into dst instead of overwriting"),
             imm("double_row", Kind.BOOL, "fp8 only: K = 2 x partitions", needs="fp8_double_row")),
            cost.pe_matmul,
-           "dst[M, N] (+)= stationary.T @ moving with exact products and fp32 accumulation in k order",
+           "dst[M, N] (+)= stationary.T @ moving by fused multiply-adds into fp32 in k order",
            "for m, n: acc = dst[m, n] if accumulate else +0.0; for r in row groups, for k in partitions: "
-           "acc = fp32(acc + fp32(s[k, r, m] * v[k, r, n])); dst[m, n] = acc"),
+           "acc = fp32(acc + s[k, r, m] * v[k, r, n]) (the exact product, one rounding); dst[m, n] = acc"),
     OpSpec("matmul_mx", 4, (Engine.PE,),
            (out("dst", "fp32 [M, N]", mems=_P, one_bank=True),
             inp("stationary", "MX elements [K, R, M] or [K, M], K a multiple of 32, R <= 4", mems=_S),

@@ -121,15 +121,34 @@ def _initial_acc(m, ins) -> np.ndarray:
     return np.zeros((dst.partitions, dst.free_size), dtype=np.float32)
 
 
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fp32(a * b + c) rounded once (IEEE 754 fusedMultiplyAdd) for fp32 arrays that broadcast.
+
+    a * b is exact in float64 (48 significant bits, exponents well inside its range). The sum rounds in
+    float64; TwoSum gives its exact error, and an inexact sum with an even last bit moves one float64 ulp
+    toward the error: that is the sum rounded to odd, from which one RNE rounding to fp32 is the correctly
+    rounded result (Boldo and Melquiond: 53 >= 24 + 2 bits). Inf and NaN pass through float64 as they are."""
+    with np.errstate(all="ignore"):   # Inf and NaN are IEEE results here, not warnings
+        p = a.astype(np.float64) * b.astype(np.float64)
+        c = np.asarray(c, np.float64)
+        s = np.asarray(p + c)
+        t = s - p
+        err = (p - (s - t)) + (c - t)
+        bits = s.view(np.int64)
+        inexact = (err != 0) & np.isfinite(err) & ((bits & 1) == 0)
+        toward_err = np.where((err > 0) == (s > 0), 1, -1)   # +1 on the bits is away from zero
+        return (bits + np.where(inexact, toward_err, 0)).view(np.float64).astype(np.float32)
+
+
 @semantics("matmul")
 def matmul(m, ins) -> None:
-    """for r, for k: acc = fp32(acc + fp32(s[k, r, m] * v[k, r, n])), over all (m, n) at once."""
+    """for r, for k: acc = fma(s[k, r, m], v[k, r, n], acc) rounded once to fp32, over all (m, n) at once."""
     s = _row_groups(m, ins["stationary"], ins["double_row"])
     v = _row_groups(m, ins["moving"], ins["double_row"])
     acc = _initial_acc(m, ins)
     for r in range(s.shape[1]):
         for k in range(s.shape[0]):
-            acc = acc + np.multiply.outer(s[k, r], v[k, r])
+            acc = fma_f32(s[k, r][:, None], v[k, r][None, :], acc)
     _put(m, ins["dst"], acc)
 
 

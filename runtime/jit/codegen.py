@@ -9,7 +9,8 @@ Library, into which object code (fresh or from runtime/jit/cache.py) is loaded.
 
 Bit-exactness: kernels carry no fast-math flags, so LLVM neither reassociates nor contracts a fmul and
 fadd into an FMA (the target machine's default FP fusion only fuses explicit fmuladd intrinsics, which
-trnc never emits); tests/runtime/test_jit_program.py checks this on values where an FMA would differ.
+trnc never emits). The one fused operation is explicit: matmul's llvm.fma, which the spec defines;
+tests/runtime/test_jit_program.py checks it on values where rounding the product first would differ.
 """
 from __future__ import annotations
 
@@ -59,11 +60,6 @@ class Codegen:
         """fp32 lanes of the host's widest vector registers the kernels use: 16 with AVX-512, else 8 (AVX2;
         LLVM splits an 8-lane vector into narrower registers where the host has them)."""
         return 16 if "+avx512f" in self.features.split(",") else 8
-
-    @property
-    def fma(self) -> bool:
-        """The host fuses a multiply and an add in one instruction (llvm.fma is otherwise a slow library call)."""
-        return "+fma" in self.features.split(",")
 
     @property
     def identity(self) -> str:

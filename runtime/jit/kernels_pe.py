@@ -1,20 +1,17 @@
 """Lowerings of TensorE's matmul and matmul_mx: fp32 accumulation in the reference's exact order.
 
-matmul is register-blocked. Every accumulator still sees its additions in the spec's order (row group r
-outermost, then partition k), one fp32 rounding for each product and each sum, as
-runtime/reference_ops.matmul does; only the order in which different accumulators advance changes, which
-cannot change any of them. The kernel first widens the whole stationary operand to fp32 in a stack buffer,
-laid out per block of MR output rows as [r * K + k][row]; then, per block of NR output columns, it widens
-that column panel of moving to fp32 as [r * K + k][column] (zero-padded to whole vectors) and, for each
-block of rows, runs the micro-kernel: MR x NR/L accumulators held as <L x float> values across the entire
-k loop (phi nodes, so registers); per k one vector load of the panel per L columns, reused by the MR rows,
-and one broadcast of s[k, row] per row, reused by the NR columns. Widening goes through the conversion
-code of every other kernel (runtime/jit/kernels_values.py), so every dtype, stride, double_row and
-remainder of M or N takes the same path. fp32 products round once. No fast-math flags: no FMA contraction,
-no reassociation; one explicit fused path instead: when neither input is fp32 and the host has FMA, each panel
-checks the exponent range of its values and the stationary's (_exact_products), and when every product is
-exact in fp32 it runs the micro-kernel with llvm.fma, which then gives fp32(acc + fp32(s * v)) bit for bit
-with one instruction instead of two (the AVX2 loop of separate multiplies and adds is bound by their count).
+matmul is register-blocked. Every accumulator still sees its multiply-adds in the spec's order (row group r
+outermost, then partition k), each one llvm.fma (one rounding, as runtime/reference_ops.matmul computes);
+only the order in which different accumulators advance changes, which cannot change any of them. The kernel
+first widens the whole stationary operand to fp32 in a stack buffer, laid out per block of MR output rows as
+[r * K + k][row]; then, per block of NR output columns, it widens that column panel of moving to fp32 as
+[r * K + k][column] (zero-padded to whole vectors) and, for each block of rows, runs the micro-kernel:
+MR x NR/L accumulators held as <L x float> values across the entire k loop (phi nodes, so registers); per k
+one vector load of the panel per L columns, reused by the MR rows, and one broadcast of s[k, row] per row,
+reused by the NR columns. Widening goes through the conversion code of every other kernel
+(runtime/jit/kernels_values.py), so every dtype, stride, double_row and remainder of M or N takes the same
+path. No fast-math flags (no reassociation): the fma is the explicit intrinsic, one instruction on a host
+with FMA (on one without, LLVM calls the C library's exact fmaf, slowly).
 Stack use is at most 161 KiB (stationary 128 x 256 fp32 for fp8 double_row, its rows padded to whole blocks,
 plus a 256 x NR panel; cache-line aligned, so no vector load splits a line), well inside a thread's default
 stack.
@@ -25,7 +22,6 @@ innermost so that LLVM vectorizes it.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -138,16 +134,14 @@ def _rows(kb: KernelBuilder, op: _Operand) -> Iterator[tuple[ir.Value, ir.Value]
         yield kb.add(kb.mul(r, op.lay.partitions), k), kb.add(kb.mul(k, op.lay.pstride), kb.mul(r, op.gstride))
 
 
-def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int, bl: Blocking) -> tuple[ir.Value, int]:
-    """(buffer, its size) of an fp32 copy of stationary: element (kk, m) at index (m // MR) * rows * MR + kk * MR
-    + m % MR. The last block's missing rows and the padding up to whole vectors are +0.0, so the buffer scans
-    whole. Blocks outermost, so the buffer is written in order (steps outermost scattered each step's runs
-    over the blocks, 4 KiB apart: 1 ns per element); a full block's run of a step is one vector store, of one
-    vector load when its fp32 elements are adjacent, else of MR loads that LLVM vectorizes when affine."""
+def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int, bl: Blocking) -> ir.Value:
+    """An fp32 copy of stationary: element (kk, m) at index (m // MR) * rows * MR + kk * MR + m % MR, the last
+    block's missing rows +0.0. Blocks outermost, so the buffer is written in order (steps outermost scattered
+    each step's runs over the blocks, 4 KiB apart: 1 ns per element); a full block's run of a step is one
+    vector store, of one vector load when its fp32 elements are adjacent, else of MR loads that LLVM vectorizes
+    when affine."""
     b, mr = kb.b, bl.mr
-    used = -(-m_count // mr) * mr * st.rows
-    size = -(-used // bl.lanes) * bl.lanes
-    buf = kb.alloca(F32, size, name="spack", align=CACHE_LINE)
+    buf = kb.alloca(F32, -(-m_count // mr) * mr * st.rows, name="spack", align=CACHE_LINE)
     base = kb.base("stationary")
     dims = canonical(st.rest.dims)
     fp32_run = st.lay.dtype is DType.FP32 and (len(dims) == 0 or (len(dims) == 1 and dims[0][0] == 4))
@@ -171,9 +165,7 @@ def _pack_stationary(kb: KernelBuilder, st: _Operand, m_count: int, bl: Blocking
                 for i in range(mr):
                     x = b.insert_element(x, element(row, kb.add(m0, i64(i))), ir.Constant(I32, i))
             b.store(x, _vector_at(kb, buf, first, run), align=4)
-    for i in range(used, size):
-        b.store(ZERO, b.gep(buf, [i64(i)], inbounds=True))
-    return buf, size
+    return buf
 
 
 def _pack_panel(kb: KernelBuilder, mv: _Operand, panel: ir.Value, n0: ir.Value, cols: int, width: int) -> None:
@@ -203,60 +195,6 @@ def _vector_at(kb: KernelBuilder, buf: ir.Value, index: ir.Value, vec: ir.Vector
     return kb.b.bitcast(kb.b.gep(buf, [index], inbounds=True), vec.as_pointer())
 
 
-def _exponent_range(kb: KernelBuilder, buf: ir.Value, count: int, bl: Blocking) -> tuple[ir.Value, ir.Value]:
-    """(largest exponent field, a lower bound of the smallest exponent field of a nonzero value) of the fp32
-    values buf[0:count], count a multiple of L, as i32 (511 for the smallest when all are +-0). On magnitudes as
-    integers they are a vector max of |x| and a vector min of |x| - 1 (wrapping, so zeros never count), one
-    pass of a few integer instructions per vector."""
-    b = kb.b
-    ivec = ir.VectorType(I32, bl.lanes)
-
-    def splat(v: int) -> ir.Constant:
-        return ir.Constant(ivec, [v] * bl.lanes)
-
-    hi, lo = kb.alloca(ivec, name="hi"), kb.alloca(ivec, name="lo")
-    b.store(splat(0), hi)
-    b.store(splat(-1), lo)
-    with kb.loop(count // bl.lanes, "range") as i:
-        x = b.load(b.bitcast(b.gep(buf, [kb.mul(i, bl.lanes)], inbounds=True), ivec.as_pointer()), align=4)
-        mag = b.and_(x, splat(0x7FFFFFFF))
-        h, less = b.load(hi), b.sub(mag, splat(1))
-        b.store(b.select(b.icmp_unsigned(">", mag, h), mag, h), hi)
-        low = b.load(lo)
-        b.store(b.select(b.icmp_unsigned("<", less, low), less, low), lo)
-
-    def fold(vec: ir.Value, op: str) -> ir.Value:
-        out = b.extract_element(vec, ir.Constant(I32, 0))
-        for lane in range(1, bl.lanes):
-            x = b.extract_element(vec, ir.Constant(I32, lane))
-            out = b.select(b.icmp_unsigned(op, x, out), x, out)
-        return b.lshr(out, ir.Constant(I32, 23))
-
-    return fold(b.load(hi), ">"), fold(b.load(lo), "<")
-
-
-def _exact_products(kb: KernelBuilder, st_range: tuple[ir.Value, ir.Value], mv_range: tuple[ir.Value, ir.Value]):
-    """i1: every product of a stationary and a moving value is exact in fp32, so that fma(s, v, acc) equals
-    fp32(acc + fp32(s * v)) bit for bit (NaN acc included: it is the only NaN operand either way).
-
-    A normal x of exponent field E has 2^(E-127) <= |x| < 2^(E-126), so with fields Es, Ev both at least 1:
-    Es + Ev >= 128 puts |s * v| at 2^-126 or more (normal, and the significands' product has at most 22 bits:
-    fp16 x fp16), and Es + Ev <= 380 keeps it under 2^128 (finite). Fields of 255 (Inf, NaN) and nonzero
-    subnormals (field 0) fail; zeros are exact products and are left out of the smallest field."""
-    b = kb.b
-    (s_hi, s_lo), (v_hi, v_lo) = st_range, mv_range
-
-    def at_most(x, k):
-        return b.icmp_unsigned("<=", x, ir.Constant(I32, k))
-
-    def at_least(x, k):
-        return b.icmp_unsigned(">=", x, ir.Constant(I32, k))
-
-    checks = (at_most(s_hi, 254), at_most(v_hi, 254), at_most(b.add(s_hi, v_hi), 380),
-              at_least(s_lo, 1), at_least(v_lo, 1), at_least(b.add(s_lo, v_lo), 128))
-    return functools.reduce(b.and_, checks)
-
-
 def _fma(kb: KernelBuilder, vec: ir.VectorType) -> ir.Function:
     """The llvm.fma declaration for `vec` in the kernel's module."""
     name = f"llvm.fma.v{vec.count}f32"
@@ -268,9 +206,9 @@ class _Tile:
     """One micro-kernel call: rows [m0, m0 + rows) x columns [n0, n0 + cols) of dst."""
 
     def __init__(self, kb: KernelBuilder, sig: KernelSig, bl: Blocking, m0: ir.Value, rows: int, n0: ir.Value,
-                 cols: int, fused: bool):
+                 cols: int):
         self.kb, self.b, self.sig, self.bl = kb, kb.b, sig, bl
-        self.fma = _fma(kb, bl.vec) if fused else None   # only where _exact_products holds
+        self.fma = _fma(kb, bl.vec)
         self.dst = sig.layout("dst")
         self.m0, self.rows, self.n0, self.cols = m0, rows, n0, cols
         self.vectors = -(-cols // bl.lanes)
@@ -318,8 +256,7 @@ class _Tile:
                     values.store_f32(kb, e, base, self._offset(i, v * lanes + lane), self.dst.dtype)
 
     def step(self, accs, spack: ir.Value, sblock: ir.Value, panel: ir.Value, width: int, kk: ir.Value):
-        """accs after the contraction step kk: acc[i][v] = fp32(acc + fp32(s[kk, i] * v[kk, v-th vector])) (one
-        fma when the products are exact)."""
+        """accs after the contraction step kk: acc[i][v] = fma(s[kk, i], v[kk, v-th vector], acc)."""
         kb, b, bl = self.kb, self.b, self.bl
         moving = [b.load(_vector_at(kb, panel, kb.add(kb.mul(kk, width), i64(v * bl.lanes)), bl.vec), align=4)
                   for v in range(self.vectors)]
@@ -328,10 +265,7 @@ class _Tile:
             s = b.load(b.gep(spack, [kb.add(sblock, kb.add(kb.mul(kk, bl.mr), i64(i)))], inbounds=True))
             s = b.shuffle_vector(b.insert_element(ir.Constant(bl.vec, None), s, ir.Constant(I32, 0)),
                                  ir.Constant(bl.vec, None), bl.splat)
-            if self.fma is None:
-                out.append([b.fadd(acc, b.fmul(s, x)) for acc, x in zip(row, moving)])
-            else:
-                out.append([b.call(self.fma, [s, x, acc]) for acc, x in zip(row, moving)])
+            out.append([b.call(self.fma, [s, x, acc]) for acc, x in zip(row, moving)])
         return out
 
     def run(self, spack: ir.Value, sblock: ir.Value, panel: ir.Value, width: int, steps: int) -> None:
@@ -392,27 +326,14 @@ def matmul(kb: KernelBuilder, sig: KernelSig) -> None:
     m_count, n_count = dst.partitions, dst.free_size
     bl = blocking()
     mr, nr = bl.mr, bl.nr
-    spack, spack_size = _pack_stationary(kb, st, m_count, bl)
+    spack = _pack_stationary(kb, st, m_count, bl)
     panel = kb.alloca(F32, st.rows * nr, name="panel", align=CACHE_LINE)
-    fusable = DType.FP32 not in (st.lay.dtype, mv.lay.dtype) and codegen().fma
-    st_range = _exponent_range(kb, spack, spack_size, bl) if fusable else None
-
-    def tiles(n0: ir.Value, cols: int, width: int, fused: bool) -> None:
-        for m0, rows in _row_blocks(kb, m_count, mr):
-            _Tile(kb, sig, bl, m0, rows, n0, cols, fused).run(spack, kb.mul(m0, st.rows), panel, width, st.rows)
 
     def columns(n0: ir.Value, cols: int) -> None:
         width = -(-cols // bl.lanes) * bl.lanes
         _pack_panel(kb, mv, panel, n0, cols, width)
-        if st_range is None:
-            tiles(n0, cols, width, False)
-            return
-        exact = _exact_products(kb, st_range, _exponent_range(kb, panel, st.rows * width, bl))
-        with kb.b.if_else(exact) as (fused, separate):
-            with fused:
-                tiles(n0, cols, width, True)
-            with separate:
-                tiles(n0, cols, width, False)
+        for m0, rows in _row_blocks(kb, m_count, mr):
+            _Tile(kb, sig, bl, m0, rows, n0, cols).run(spack, kb.mul(m0, st.rows), panel, width, st.rows)
 
     full, tail = divmod(n_count, nr)
     if full:

@@ -116,8 +116,9 @@ def test_matmul_matches_the_reference(k, m, n, st_dtype, mv_dtype, accumulate, d
     assert_matches_the_reference(ins, inputs, kernel_table)
 
 
-def assert_matches_the_reference(ins: Instruction, inputs: dict[str, np.ndarray], kernel_table: Kernels) -> None:
-    """The JIT's dst equals the reference's bit for bit (NaN by class), and no other byte differs."""
+def assert_matches_the_reference(ins: Instruction, inputs: dict[str, np.ndarray], kernel_table: Kernels) -> np.ndarray:
+    """The JIT's dst equals the reference's bit for bit (NaN by class), and no other byte differs; returns the
+    reference's dst."""
     program = Program((), (ins,), TARGET)
     verify(program)
     ref = Machine(program)
@@ -132,11 +133,13 @@ def assert_matches_the_reference(ins: Instruction, inputs: dict[str, np.ndarray]
     assert same.all(), f"{int((~same).sum())} of {same.size} dst elements differ, first at {np.argwhere(~same)[0]}"
     jit.write(ins["dst"], want)      # NaN payloads may differ; every byte must agree after this
     assert np.array_equal(jit.psum, ref.psum) and np.array_equal(jit.sbuf, ref.sbuf)
+    return want
 
 
 def test_the_micro_kernel_keeps_its_accumulators_in_registers():
     """After O3, the micro-kernel's k loop carries MR x NR/L <L x float> accumulators (L the host's fp32 lanes)
-    as phi nodes and stores nothing: no accumulator goes through memory inside the loop."""
+    as phi nodes, advances each by one llvm.fma per k step, and stores nothing: no accumulator goes through
+    memory inside the loop, and no product is rounded apart from its sum."""
     ins = matmul(128, 128, 512, DType.FP32, DType.FP32, True, False, ("contiguous",) * 3)
     sig = KernelSig("matmul", tuple((name, layout_of(ins[name], HW)) for name in ("dst", "stationary", "moving")),
                     (("accumulate", True), ("double_row", False)))
@@ -145,84 +148,34 @@ def test_the_micro_kernel_keeps_its_accumulators_in_registers():
     assert loop is not None, "no micro-kernel loop in the optimized kernel"
     body = loop.group(0)
     bl = kernels_pe.blocking()
-    assert body.count(f"phi <{bl.lanes} x float>") == bl.mr * bl.nr // bl.lanes
-    assert body.count(" fmul ") == body.count(" fadd ") > 0
-    assert " store " not in body and "fmuladd" not in body and "llvm.fma" not in body
+    accumulators = bl.mr * bl.nr // bl.lanes
+    assert body.count(f"phi <{bl.lanes} x float>") == accumulators
+    assert body.count(f"@llvm.fma.v{bl.lanes}f32(") == accumulators * kernels_pe.UNROLL
+    assert " store " not in body and " fmul " not in body and " fadd " not in body
 
 
-# -- the fused path: llvm.fma where every product is exact in fp32 ------------------------------------------
+# -- one rounding per multiply-add ---------------------------------------------------------------------
 
-def exponent_fields(x: np.ndarray) -> np.ndarray:
-    return (x.astype(np.float32).view(np.uint32) >> 23) & 0xFF
-
-
-def clean_values(rng: np.random.Generator, dtype: DType, n: int, binades: int) -> np.ndarray:
-    """n finite normal values of `dtype` within 2^+-binades (and some zeros): every product is exact in fp32."""
-    x = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-binades, binades, n)) * rng.choice([-1, 1], n))
-    x = np.where(rng.random(n) < 0.05, 0.0, x).astype(np.float32)
-    return from_fp32(x, dtype)
-
-
-@pytest.mark.parametrize("st_dtype, mv_dtype", [(DType.BF16, DType.BF16), (DType.FP16, DType.FP16),
-                                                (DType.BF16, DType.FP8_E4M3), (DType.FP8_E5M2, DType.FP16)])
-@pytest.mark.parametrize("m, n", [(128, 512), (5, 100), (64, 7)])
-def test_the_fused_path_matches_the_reference(st_dtype, mv_dtype, m, n, kernel_table):
-    """Inputs whose products are all exact (fields sum to 128..380, so _exact_products holds and the kernel runs
-    llvm.fma where the host has it) give the reference's bits, accumulating into values of every size."""
-    rng = np.random.default_rng(7)
-    ins = matmul(128, m, n, st_dtype, mv_dtype, True, False, ("contiguous",) * 3)
-    binades = 6 if DType.FP8_E4M3 in (st_dtype, mv_dtype) or DType.FP8_E5M2 in (st_dtype, mv_dtype) else 12
-    inputs = {"stationary": clean_values(rng, st_dtype, 128 * m, binades),
-              "moving": clean_values(rng, mv_dtype, 128 * n, binades),
-              "dst": random_values(rng, DType.FP32, m * n)}
-    fields = [exponent_fields(inputs[name]) for name in ("stationary", "moving")]
-    nonzero = [f[f > 0] for f in fields]
-    assert max(f.max() for f in fields) * 2 <= 380 and min(f.min() for f in nonzero) * 2 >= 128   # the fused path
-    assert_matches_the_reference(ins, inputs, kernel_table)
-
-
-def one_product(s: float, v: float, acc: float) -> tuple[Instruction, dict[str, np.ndarray]]:
-    """A K = 1 bf16 matmul of 1 x 16 accumulating s * v into acc, every column the same."""
-    ins = matmul(1, 1, 16, DType.BF16, DType.BF16, True, False, ("contiguous",) * 3)
-    return ins, {"stationary": from_fp32(np.array([s], np.float32), DType.BF16),
-                 "moving": from_fp32(np.full(16, v, np.float32), DType.BF16),
+def one_product(dtype: DType, s: float, v: float, acc: float) -> tuple[Instruction, dict[str, np.ndarray]]:
+    """A K = 1 matmul of 1 x 16 accumulating s * v into acc, every column the same."""
+    ins = matmul(1, 1, 16, dtype, dtype, True, False, ("contiguous",) * 3)
+    return ins, {"stationary": from_fp32(np.array([s], np.float32), dtype),
+                 "moving": from_fp32(np.full(16, v, np.float32), dtype),
                  "dst": np.full(16, acc, np.float32)}
 
 
-@pytest.mark.parametrize("s, v, acc", [
-    (1.25 * 2.0 ** -74, 2.0 ** -75, 2.0 ** -125),   # s * v = 1.25 x 2^-149: rounds to 2^-149, then a tie to even
-    (2.0 ** 64, 2.0 ** 64, float(-np.finfo(np.float32).max)),   # s * v = 2^128 overflows to Inf before the add
-], ids=["subnormal-product", "overflowing-product"])
-def test_products_that_round_take_the_separate_path(s, v, acc, kernel_table):
-    """Where fp32(s * v) is not s * v, a fused multiply-add would round once and differ: the kernel must see it
-    (exponent fields outside 128..380) and multiply and add apart, as the spec says."""
+@pytest.mark.parametrize("dtype, s, v, acc", [
+    (DType.FP32, 1 + 2.0 ** -12, 1 + 2.0 ** -12, -1.0),   # s * v = 1 + 2^-11 + 2^-24 does not fit 24 bits
+    (DType.BF16, 1.25 * 2.0 ** -74, 2.0 ** -75, 2.0 ** -125),   # s * v = 1.25 x 2^-149, below fp32's subnormals
+    (DType.BF16, 2.0 ** 64, 2.0 ** 64, float(-np.finfo(np.float32).max)),   # s * v = 2^128, past fp32's range
+], ids=["fp32-product", "subnormal-product", "overflowing-product"])
+def test_products_that_do_not_fit_fp32_are_added_unrounded(dtype, s, v, acc, kernel_table):
+    """Where fp32(s * v) is not s * v, rounding the product before the add would give other bits: the kernel
+    must give the one rounding of acc + s * v (exact in float64 here), as the reference does."""
     with np.errstate(over="ignore"):
         separate = np.float32(np.float32(acc) + np.float32(np.float32(s) * np.float32(v)))
-    fused = np.float32(np.float64(acc) + np.float64(s) * np.float64(v))   # exact in float64, rounded once
+    fused = np.float32(np.float64(acc) + np.float64(s) * np.float64(v))
     assert not bits_equal_or_both_nan(np.array([separate]), np.array([fused]), DType.FP32).all()
-    ins, inputs = one_product(s, v, acc)
-    assert_matches_the_reference(ins, inputs, kernel_table)
-
-
-def test_one_panel_fused_and_the_next_separate(kernel_table):
-    """The choice is per panel of 16 columns: moving 1.0 in the first panel (exact products, fused) and 2^-75
-    in the second, whose product with 1.25 x 2^-74 rounds (as in the subnormal case above), must not be fused."""
-    ins = matmul(1, 1, 32, DType.BF16, DType.BF16, True, False, ("contiguous",) * 3)
-    inputs = {"stationary": from_fp32(np.array([1.25 * 2.0 ** -74], np.float32), DType.BF16),
-              "moving": from_fp32(np.repeat(np.float32([1.0, 2.0 ** -75]), 16), DType.BF16),
-              "dst": np.full(32, 2.0 ** -125, np.float32)}
-    assert_matches_the_reference(ins, inputs, kernel_table)
-
-
-def test_the_kernel_fuses_only_when_neither_input_is_fp32(monkeypatch):
-    """llvm.fma appears in a bf16 matmul's kernel on a host with FMA, never in one with an fp32 input."""
-    monkeypatch.setattr(Codegen, "fma", property(lambda self: True))
-
-    def kernel_text(st_dtype: DType) -> str:
-        ins = matmul(128, 128, 512, st_dtype, DType.BF16, True, False, ("contiguous",) * 3)
-        sig = KernelSig("matmul", tuple((name, layout_of(ins[name], HW)) for name in ("dst", "stationary", "moving")),
-                        (("accumulate", True), ("double_row", False)))
-        return str(build_kernel(sig))
-
-    assert "llvm.fma" in kernel_text(DType.BF16)
-    assert "llvm.fma" not in kernel_text(DType.FP32)
+    ins, inputs = one_product(dtype, s, v, acc)
+    want = assert_matches_the_reference(ins, inputs, kernel_table)
+    assert bits_equal_or_both_nan(want, np.full(16, fused), DType.FP32).all()

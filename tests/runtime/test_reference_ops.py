@@ -8,6 +8,7 @@ Results are compared bit for bit, NaN by class (any NaN matches any NaN).
 """
 import itertools
 import math
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -21,6 +22,7 @@ from trnc.isa.verify import verify
 from trnc.runtime.fp32math import ACTIVATIONS
 from trnc.runtime.mx import quantize_mx
 from trnc.runtime.reference import Machine
+from trnc.runtime.reference_ops import fma_f32
 from aps import onchip
 
 F32, BF16, FP16, E4M3, E5M2, FP4, E8M0 = (DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2,
@@ -197,11 +199,57 @@ def test_transpose_moves_bits_or_widens_to_fp32(dtype):
 
 # -- TensorE ---------------------------------------------------------------------------------------
 
+def fp32_of(x: Fraction) -> np.float32:
+    """The exact rational x rounded once to fp32, to nearest, ties to even (Inf past the largest finite)."""
+    if x == 0:
+        return F(0)
+    mag = abs(x)
+    e = mag.numerator.bit_length() - mag.denominator.bit_length()
+    e = e - 1 if Fraction(2) ** e > mag else e           # 2^e <= mag < 2^(e + 1)
+    quantum = Fraction(2) ** (max(e, -126) - 23)          # the fp32 spacing there (subnormals: 2^-149)
+    q, rest = divmod(mag / quantum, 1)
+    q += rest > Fraction(1, 2) or (rest == Fraction(1, 2) and q % 2 == 1)
+    value = q * quantum
+    return F(math.copysign(math.inf if value >= 2 ** 128 else float(value), x))
+
+
+def fma_cases(rng) -> np.ndarray:
+    """(a, b, c) triples in fp32: random, near cancellation, exact ties of a * b that a tiny c breaks (where
+    rounding the sum to float64 first would round wrong), and subnormal and overflowing results."""
+    random = (rng.standard_normal((600, 3)) * np.exp2(rng.integers(-30, 30, (600, 3)))).astype(F)
+    a, b = (rng.standard_normal((300, 2))).astype(F).T
+    near = np.stack([a, b, (-(a.astype(np.float64) * b)).astype(F)], axis=1)
+    halves = 1 + rng.integers(0, 2 ** 12, (300, 2)) * 2.0 ** -12     # a * b has up to 25 significant bits
+    tiny = rng.choice([2.0 ** -60, -2.0 ** -60, 2.0 ** -80, 0.0], 300)
+    ties = np.concatenate([halves, tiny[:, None]], axis=1).astype(F)
+    edges = np.array([[1 + 2 ** -12, 1 + 2 ** -12, 2 ** -80], [1.25 * 2 ** -74, 2 ** -75, 2 ** -125],
+                      [2 ** 64, 2 ** 64, -3.4028235e38], [2 ** 70, 2 ** 60, 0], [2 ** -100, 2 ** -60, -0.0],
+                      [-0.0, 5, -0.0], [3, -5, 15], [2 ** -75, 2 ** -75, 0]], F)
+    return np.concatenate([random, near, ties, edges])
+
+
+def test_fma_f32_rounds_the_exact_result_once():
+    x = fma_cases(np.random.default_rng(23))
+    got = fma_f32(x[:, 0], x[:, 1], x[:, 2])
+    want = np.array([fp32_of(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))) for a, b, c in x])
+    zero = x[:, 0].astype(np.float64) * x[:, 1] + x[:, 2] == 0   # exact zeros: the sign follows IEEE addition
+    want[zero] = (x[zero, 0] * x[zero, 1]) + x[zero, 2]
+    assert_same(got, want, F32)
+    double_rounded = (x[:, 0].astype(np.float64) * x[:, 1] + x[:, 2]).astype(F)
+    assert not np.array_equal(double_rounded.view(np.uint32), want.view(np.uint32))   # the cases bite
+
+
+def test_fma_f32_keeps_inf_and_nan():
+    inf, nan = np.inf, np.nan
+    x = np.array([[inf, 2, 1], [inf, 0, 1], [inf, 1, -inf], [1, 1, nan], [2, 3, inf], [-inf, -inf, 0]], F)
+    got = fma_f32(x[:, 0], x[:, 1], x[:, 2])
+    assert_same(got, np.array([inf, nan, nan, nan, inf, inf], F), F32)
+
+
 def sequential_sum(acc, s, v):
-    """acc + sum over k of s[k, m] * v[k, n], added one k after the other in fp32; the products are formed
-    in float64 (exact for two fp32 values) and rounded once to fp32."""
+    """acc + sum over k of s[k, m] * v[k, n], one k after the other, each as one fused multiply-add in fp32."""
     for k in range(s.shape[0]):
-        acc = acc + np.multiply.outer(s[k].astype(np.float64), v[k]).astype(F)
+        acc = fma_f32(s[k][:, None], v[k][None, :], acc)
     return acc
 
 
