@@ -40,6 +40,37 @@ def test_a_value_with_two_users_ends_its_kernel():
     assert graph.kernels[1].kind == "elementwise" and graph.kernels[1].nodes == [act, res]
 
 
+def _tanh_gelu(half_is_output=False):
+    """GPT-2's GELU as traced: 0.5 x times 1 + tanh(c (x + 0.044715 x^3)), x a reshape of a matmul's result."""
+    x = ir.Node("input", (), (8, 16), F32, {"index": 0}, name="x")
+    view = ir.Node("reshape", (x,), (1, 8, 16), F32, name="view")
+    half = ir.Node("scalar", (view,), (1, 8, 16), F32, {"op": "mul", "value": 0.5, "reverse": False}, name="half")
+    cube = ir.Node("binary", (view, view), (1, 8, 16), F32, {"op": "mul"}, name="cube")
+    inner = ir.Node("binary", (view, cube), (1, 8, 16), F32, {"op": "add"}, name="inner")
+    tanh = ir.Node("unary", (inner,), (1, 8, 16), F32, {"func": "tanh"}, name="tanh")
+    out = ir.Node("binary", (half, tanh), (1, 8, 16), F32, {"op": "mul"}, name="out")
+    nodes = [x, view, half, cube, inner, tanh, out]
+    return ir.Graph(nodes, [x], [out, half] if half_is_output else [out]), nodes
+
+
+def test_two_elementwise_chains_that_meet_are_one_kernel():
+    """half opens a kernel, cube another (view, a movement kernel, is not fusible); out joins cube's chain and
+    half's kernel merges into it, first: one pass that reads view once and writes only out."""
+    graph, (x, view, half, cube, inner, tanh, out) = _tanh_gelu()
+    stats = fuse(graph)
+    ir.verify(graph)
+    assert [k.kind for k in graph.kernels] == ["movement", "elementwise"]
+    assert graph.kernels[1].nodes == [half, cube, inner, tanh, out] and graph.kernels[1].inputs == [view]
+    assert stats["kernel.elementwise"] == 1 and stats["merged_into.elementwise"] == 1
+
+
+def test_a_chain_whose_end_has_another_user_stays_apart():
+    graph, (x, view, half, cube, inner, tanh, out) = _tanh_gelu(half_is_output=True)
+    fuse(graph)
+    ir.verify(graph)
+    assert [k.nodes for k in graph.kernels[1:]] == [[half], [cube, inner, tanh, out]]
+
+
 def test_matmult_narrows_only_matmul_operands():
     graph, (x, w, b, mm, add, act, res, sm) = _linear_gelu_residual()
     fuse(graph)
