@@ -11,8 +11,9 @@ Rules (pm_fuse), in topological order:
   0.5 x times the chain of x's tanh) are one pass, not two, whose first wrote 0.5 x to HBM for the second
   and both read x (6.3 MB per layer of GPT-2 at hidden 512, seq 256);
 - every other node (row-wise ops, reductions, attention, gathers, movement) is a kernel of its own.
-A node joins a kernel only if its other inputs come from earlier kernels, so kernels stay in
-dependency order. The kind a node opens and the kinds it may join are rows of passes/graph/kernel_kinds.py.
+A node joins a kernel only if its other inputs come from earlier kernels or from the chains merged
+with it, so kernels stay in dependency order. The kind a node opens and the kinds it may join are rows
+of passes/graph/kernel_kinds.py.
 """
 from __future__ import annotations
 
@@ -34,13 +35,13 @@ def fuse(graph: ir.Graph) -> Counter:
         if n.op in ir.OPS_SOURCE:
             continue
         kind = KIND_OF_OP[n.op]
-        target = _fusion_target(n, kernels, kernel_of, users) if kind == "elementwise" else None
+        target, meeting = _fusion_target(n, kernels, kernel_of, users) if kind == "elementwise" else (None, [])
         if target is None:
             kernels.append(ir.Kernel(kind, [n]))
             kernel_of[n] = len(kernels) - 1
             stats[f"kernel.{kind}"] += 1
         else:
-            for merged in _chains_meeting(n, target, kernels, kernel_of, users):
+            for merged in meeting:
                 kernels[target].nodes[:0] = kernels[merged].nodes
                 kernel_of.update((m, target) for m in kernels[merged].nodes)
                 kernels[merged].nodes = []
@@ -53,7 +54,8 @@ def fuse(graph: ir.Graph) -> Counter:
     return stats
 
 
-def _fusion_target(n, kernels, kernel_of, users) -> int | None:
+def _fusion_target(n, kernels, kernel_of, users) -> tuple[int | None, list[int]]:
+    """The kernel n joins (None: it opens one) and the kernels of chains meeting it there, merged first."""
     for p in n.inputs:
         k = kernel_of.get(p)
         if k is None or not KINDS[kernels[k].kind].fusible or kernels[k].output is not p:
@@ -63,9 +65,10 @@ def _fusion_target(n, kernels, kernel_of, users) -> int | None:
         if p.op in ir.OPS_REDUCE and p.numel == p.inputs[0].numel:   # no reduction: lowered as a copy, alone
             continue
         others = [kernel_of[i] for i in n.inputs if i is not p and i in kernel_of]
-        if all(o < k or o in _chains_meeting(n, k, kernels, kernel_of, users) for o in others):
-            return k
-    return None
+        meeting = _chains_meeting(n, k, kernels, kernel_of, users)
+        if all(o < k or o in meeting for o in others):
+            return k, meeting
+    return None, []
 
 
 def _chains_meeting(n, target, kernels, kernel_of, users) -> list[int]:
@@ -78,7 +81,7 @@ def _chains_meeting(n, target, kernels, kernel_of, users) -> list[int]:
         j = kernel_of.get(q)
         if j is None or j >= target or kernels[j].kind != "elementwise" or kernels[j].output is not q:
             continue
-        if len(users[q]) == 1 and q.shape == n.shape and j not in found:
+        if len(users[q]) == 1 and q.shape == n.shape:
             found.append(j)
     return found
 

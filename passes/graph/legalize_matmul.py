@@ -47,7 +47,7 @@ def _outer_products(rw: Rewriter, a: ir.Node, b: ir.Node) -> ir.Node:
     """a @ b in fp32 as the sum over k, in order, of the outer products a[..., :, k] b[..., k, :]: one elementwise
     chain, whose products and partial sums are `keep_fp32` (precision never narrows them, as TensorE keeps them in
     PSUM, and rounds the operands of the `outer_product` nodes to the matmul's operand dtype), even where fusion
-    splits the chain (the fuser follows one producer). It adds in TensorE's order, k = 0..K-1 in fp32, so where
+    splits the chain. It adds in TensorE's order, k = 0..K-1 in fp32, so where
     the products are exact in fp32 (bf16 and fp8 operands) it gives TensorE's bits; fp32 products are rounded
     before their add, where TensorE's multiply-add is fused: one more rounding per step, within an fp32 matmul's
     error bound."""
