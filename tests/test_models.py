@@ -90,6 +90,27 @@ def test_mlp_fp32():
     assert compiled.stats["instructions"] > 0 and 0 < compiled.stats["efficiency"] <= 1
 
 
+class TanhGeluMLP(nn.Module):
+    """GPT-2's MLP as it writes its GELU: the c_fc result h read four times, through the view of a 3-d linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.proj = nn.Linear(48, 96), nn.Linear(96, 48)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.proj(0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0)))))
+
+
+def test_a_gelu_that_reads_the_matmul_result_four_times_is_its_epilogue():
+    """Two kernels, the two matmuls: the GELU is evaluated on c_fc's PSUM tiles (it was a kernel of its own that
+    read the result back from HBM through a view), with eager's answer and the reference's bits."""
+    torch.manual_seed(0)
+    rel, compiled = _compare(TanhGeluMLP(), (torch.randn(2, 40, 48),))
+    assert rel <= 1e-5
+    assert compiled.stats["kernels"] == 2
+
+
 def test_encoder_block_fp32_and_bf16():
     torch.manual_seed(1)
     x, mask = torch.randn(2, 24, 64), torch.randn(2, 1, 24, 24)

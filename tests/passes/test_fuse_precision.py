@@ -71,6 +71,37 @@ def test_a_chain_whose_end_has_another_user_stays_apart():
     assert [k.nodes for k in graph.kernels[1:]] == [[half], [cube, inner, tanh, out]]
 
 
+def _matmul_then_tanh_gelu(result_is_output=False):
+    """y = x @ w, then GPT-2's GELU on y read three times (0.5 y, y * y, y + ...)."""
+    x = ir.Node("input", (), (8, 16), F32, {"index": 0}, name="x")
+    w = ir.Node("const", (), (16, 16), F32, {"value": np.ones((16, 16), np.float32)}, name="w")
+    y = ir.Node("matmul", (x, w), (8, 16), F32, name="y")
+    half = ir.Node("scalar", (y,), (8, 16), F32, {"op": "mul", "value": 0.5, "reverse": False}, name="half")
+    square = ir.Node("binary", (y, y), (8, 16), F32, {"op": "mul"}, name="square")
+    inner = ir.Node("binary", (y, square), (8, 16), F32, {"op": "add"}, name="inner")
+    tanh = ir.Node("unary", (inner,), (8, 16), F32, {"func": "tanh"}, name="tanh")
+    out = ir.Node("binary", (half, tanh), (8, 16), F32, {"op": "mul"}, name="out")
+    nodes = [x, w, y, half, square, inner, tanh, out]
+    return ir.Graph(nodes, [x], [out, y] if result_is_output else [out]), nodes
+
+
+def test_an_elementwise_kernel_that_alone_reads_a_result_joins_its_kernel():
+    """No node may join y's kernel alone (y has four readers); the kernel of all of them joins it whole."""
+    graph, (x, w, y, half, square, inner, tanh, out) = _matmul_then_tanh_gelu()
+    stats = fuse(graph)
+    ir.verify(graph)
+    assert [k.kind for k in graph.kernels] == ["matmul"]
+    assert graph.kernels[0].nodes == [y, half, square, inner, tanh, out] and graph.kernels[0].inputs == [x, w]
+    assert stats["joined.matmul"] == 1 and stats["kernel.elementwise"] == 0
+
+
+def test_a_result_read_outside_the_kernel_keeps_its_kernel_apart():
+    graph, (x, w, y, half, square, inner, tanh, out) = _matmul_then_tanh_gelu(result_is_output=True)
+    fuse(graph)
+    ir.verify(graph)
+    assert [k.nodes for k in graph.kernels] == [[y], [half, square, inner, tanh, out]]
+
+
 def test_matmult_narrows_only_matmul_operands():
     graph, (x, w, b, mm, add, act, res, sm) = _linear_gelu_residual()
     fuse(graph)

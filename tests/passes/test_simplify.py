@@ -52,6 +52,36 @@ def test_reshape_sinks_so_the_residual_and_activation_fuse_into_the_matmul():
     assert graph.outputs[0].op == "reshape"
 
 
+def test_a_view_with_several_readers_sinks_below_all_of_them():
+    """GPT-2's GELU reads the view of the c_fc result four times: every reader computes on the result itself,
+    the view goes, and one view of the GELU's end remains (y4 reads y2 and the view: both come from [16, 16])."""
+    x = ir.Node("input", (), (16, 16), F32, {"index": 0}, name="x")
+    view = ir.Node("reshape", (x,), (2, 8, 16), F32, name="view")
+    y1 = ir.Node("scalar", (view,), (2, 8, 16), F32, {"op": "mul", "value": 0.5, "reverse": False}, name="y1")
+    y2 = ir.Node("binary", (view, view), (2, 8, 16), F32, {"op": "mul"}, name="y2")
+    y3 = ir.Node("binary", (y2, view), (2, 8, 16), F32, {"op": "add"}, name="y3")
+    y4 = ir.Node("binary", (y1, y3), (2, 8, 16), F32, {"op": "mul"}, name="y4")
+    graph = ir.Graph([x, view, y1, y2, y3, y4], [x], [y4])
+    before = copy.deepcopy(graph)
+    simplify(graph)
+    ir.verify(graph)
+    _same_meaning(before, graph, [(16, 16)])
+    assert [n.op for n in graph.nodes if n.op == "reshape"] == ["reshape"] and graph.outputs[0].op == "reshape"
+    assert all(n.shape == (16, 16) for n in graph.nodes if n.op != "reshape")
+
+
+def test_a_view_with_a_reader_that_cannot_take_it_stays():
+    """One reader is a softmax (not elementwise): the view stays for every reader, so x keeps one reader."""
+    x = ir.Node("input", (), (16, 16), F32, {"index": 0}, name="x")
+    view = ir.Node("reshape", (x,), (2, 8, 16), F32, name="view")
+    y1 = ir.Node("scalar", (view,), (2, 8, 16), F32, {"op": "mul", "value": 0.5, "reverse": False}, name="y1")
+    sm = ir.Node("softmax", (view,), (2, 8, 16), F32, name="sm")
+    out = ir.Node("binary", (y1, sm), (2, 8, 16), F32, {"op": "add"}, name="out")
+    graph = ir.Graph([x, view, y1, sm, out], [x], [out])
+    stats = simplify(graph)
+    assert stats["reshapes_sunk"] == 0 and y1.inputs == (view,) and sm.inputs == (view,)
+
+
 def test_cse_merges_identical_views():
     x = ir.Node("input", (), (4, 6), F32, {"index": 0}, name="x")
     v1 = ir.Node("reshape", (x,), (24,), F32)
