@@ -54,7 +54,7 @@ def _sunk_inputs(n: ir.Node, r: ir.Node) -> list[ir.Node] | None:
     """n's inputs computed in the shape of r's source p (the sources of r and of other reshapes from p's shape,
     views of the other full-size inputs, last-dim vectors), or None when n cannot take r's source."""
     p = r.inputs[0]
-    if r.shape != n.shape or n.op not in SINKABLE or not p.shape or p.shape[-1] != n.shape[-1]:
+    if r.shape != n.shape or n.op not in SINKABLE or not p.shape or not n.shape or p.shape[-1] != n.shape[-1]:
         return None
     new_inputs = []
     for o in n.inputs:

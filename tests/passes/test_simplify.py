@@ -82,6 +82,17 @@ def test_a_view_with_a_reader_that_cannot_take_it_stays():
     assert stats["reshapes_sunk"] == 0 and y1.inputs == (view,) and sm.inputs == (view,)
 
 
+def test_a_view_to_a_scalar_with_several_readers_stays():
+    """A reshape of [1] to () has no last dim to keep (linear_cross_entropy's OpInfo sample raised IndexError)."""
+    x = ir.Node("input", (), (1,), F32, {"index": 0}, name="x")
+    view = ir.Node("reshape", (x,), (), F32, name="view")
+    y1 = ir.Node("scalar", (view,), (), F32, {"op": "mul", "value": 0.5, "reverse": False}, name="y1")
+    y2 = ir.Node("unary", (view,), (), F32, {"func": "exp"}, name="y2")
+    out = ir.Node("binary", (y1, y2), (), F32, {"op": "add"}, name="out")
+    graph = ir.Graph([x, view, y1, y2, out], [x], [out])
+    assert simplify(graph)["reshapes_sunk"] == 0 and y1.inputs == (view,)
+
+
 def test_cse_merges_identical_views():
     x = ir.Node("input", (), (4, 6), F32, {"index": 0}, name="x")
     v1 = ir.Node("reshape", (x,), (24,), F32)
