@@ -54,6 +54,8 @@ def merge_matmuls(graph: ir.Graph, kept=lambda module: None) -> dict:
     for a, group in siblings.items():   # their weights (ALBERT) share the merged one too
         group = [m for m in group if _weight(m).dtype == _weight(group[0]).dtype and m.dtype == group[0].dtype
                  and kept(m.module) == kept(group[0].module)]
+        gated = _gated(group, users)
+        group = [m for m in group if m not in gated]
         if len(group) < 2:
             continue
         biases = [_bias_of(m, users) for m in group]
@@ -68,6 +70,25 @@ def merge_matmuls(graph: ir.Graph, kept=lambda module: None) -> dict:
     if merged:
         graph.prune()   # once for all groups: each merge leaves the node list topological, with dead nodes
     return {"matmuls_merged": merged}
+
+
+def _elementwise_reach(m: ir.Node, users) -> set[ir.Node]:
+    """The elementwise nodes of m's shape that read m through elementwise nodes of its shape."""
+    seen: set[ir.Node] = set()
+    todo = [m]
+    while todo:
+        for u in users.get(todo.pop(), []):
+            if u not in seen and u.op in ir.OPS_ELEMENTWISE and u.shape == m.shape:
+                seen.add(u)
+                todo.append(u)
+    return seen
+
+
+def _gated(group: list[ir.Node], users) -> set[ir.Node]:
+    """Siblings whose results meet in an elementwise node (Llama's SiLU(gate) * up): apart, each one's epilogue
+    takes its part of the product, where merged the wide result goes to HBM and is read back through slices."""
+    reach = [_elementwise_reach(m, users) for m in group]
+    return {m for i, m in enumerate(group) for j in range(len(group)) if j != i and reach[i] & reach[j]}
 
 
 def _concatenated(parts: list[ir.Node], axis: int, consts: dict[tuple, ir.Node]) -> tuple[ir.Node, bool]:

@@ -113,3 +113,23 @@ def test_a_sibling_that_is_a_model_output_stays_apart():
     assert state.stats["merge-matmuls"]["matmuls_merged"] == 2
     assert sorted(m.shape[-1] for m in matmuls(state)) == [16, 40]
     assert state.graph.outputs[0].op == "matmul"
+
+
+class GatedMLP(nn.Module):
+    """Llama's MLP: down(silu(gate(x)) * up(x)), beside a third projection of x that merges with neither."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(32, 48, bias=False), nn.Linear(32, 48, bias=False), nn.Linear(48, 32)
+        self.side, self.other = nn.Linear(32, 16, bias=False), nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x)), self.side(x) + 1.0, self.other(x).exp()
+
+
+def test_siblings_whose_results_meet_in_an_elementwise_node_stay_apart():
+    """gate and up meet in the product: apart, each one's epilogue takes its part of it (merged, the wide result
+    went to HBM and came back through slices). side and other meet nowhere and still merge."""
+    state = merged(GatedMLP(), torch.randn(8, 32))
+    assert state.stats["merge-matmuls"]["matmuls_merged"] == 2
+    assert sorted(m.shape for m in matmuls(state)) == [(8, 32), (8, 32), (8, 48), (8, 48)]
