@@ -11,9 +11,9 @@ Rules (pm_fuse), in topological order:
   0.5 x times the chain of x's tanh) are one pass, not two, whose first wrote 0.5 x to HBM for the second
   and both read x (6.3 MB per layer of GPT-2 at hidden 512, seq 256);
 - every other node (row-wise ops, reductions, attention, gathers, movement) is a kernel of its own;
-- last, an elementwise kernel that holds every reader of its latest input p, which ends a fusible kernel,
-  joins that kernel whole: no node could join alone, since p has several readers (GPT-2's GELU reads the
-  c_fc result four times; as a kernel of its own it read the result back from HBM, 4 MB per layer).
+- last, an elementwise kernel that holds every read of its latest input p, which ends a fusible kernel,
+  joins that kernel whole: no node could join alone, since p is read more than once (GPT-2's GELU reads
+  the c_fc result four times; as a kernel of its own it read the result back from HBM, 4 MB per layer).
 A node joins a kernel only if its other inputs come from earlier kernels or from the chains merged
 with it, so kernels stay in dependency order. The kind a node opens and the kinds it may join are rows
 of passes/graph/kernel_kinds.py.
@@ -67,8 +67,9 @@ def fuse(graph: ir.Graph) -> Counter:
 
 def _shared_producer(e, kernels, kernel_of, users) -> int | None:
     """The kernel that elementwise kernel e joins whole (None: it stays): the fusible kernel ending in e's
-    latest input p, when p has several readers, all in e (so no node could join alone: GPT-2's GELU reads the
-    c_fc result four times), of p's shape, and e's other inputs come from earlier kernels."""
+    latest input p, when p is read more than once, always in e (so no node could join alone: GPT-2's GELU
+    reads the c_fc result four times; y * y reads y twice), of p's shape, and e's other inputs come from
+    earlier kernels."""
     kernel = kernels[e]
     if kernel.kind != "elementwise" or not kernel.nodes:
         return None
@@ -77,7 +78,7 @@ def _shared_producer(e, kernels, kernel_of, users) -> int | None:
         return None
     target = max(sources)
     p = sources[target]
-    if not KINDS[kernels[target].kind].fusible or kernels[target].output is not p or len(set(users[p])) < 2:
+    if not KINDS[kernels[target].kind].fusible or kernels[target].output is not p or len(users[p]) < 2:
         return None
     if p.op in ir.OPS_REDUCE and p.numel == p.inputs[0].numel:   # no reduction: lowered as a copy, alone
         return None

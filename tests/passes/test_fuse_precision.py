@@ -95,6 +95,15 @@ def test_an_elementwise_kernel_that_alone_reads_a_result_joins_its_kernel():
     assert stats["joined.matmul"] == 1 and stats["kernel.elementwise"] == 0
 
 
+def test_a_square_of_a_matmul_result_is_its_epilogue():
+    """y * y reads y twice: one node, but two reads, so it could not join alone."""
+    graph, (x, w, y, *_) = _matmul_then_tanh_gelu()
+    square = ir.Node("binary", (y, y), (8, 16), F32, {"op": "mul"}, name="square")
+    graph = ir.Graph([x, w, y, square], [x], [square])
+    fuse(graph)
+    assert [k.nodes for k in graph.kernels] == [[y, square]]
+
+
 def test_a_result_read_outside_the_kernel_keeps_its_kernel_apart():
     graph, (x, w, y, half, square, inner, tanh, out) = _matmul_then_tanh_gelu(result_is_output=True)
     fuse(graph)
