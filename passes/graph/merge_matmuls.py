@@ -3,7 +3,9 @@
 Attention's query, key and value projections all multiply the same activations: as three
 kernels they load those activations three times and pay three pipeline start-ups. Concatenating
 the weights (and the biases) gives one matmul whose output the
-three consumers read through slices, which are free views of HBM.
+three consumers read through slices, which are free views of HBM. Siblings whose results meet in an
+elementwise node (Llama's SiLU(gate) * up) stay apart: each one's epilogue then takes its part of the
+product, where the merged result would go to HBM whole and come back through slices.
 
 Siblings merge with their biases or without any: those that add a bias merge among themselves, those that
 add none among themselves. Merging both kinds left the biases as an add after the merged matmul, so at

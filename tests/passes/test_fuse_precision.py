@@ -97,7 +97,9 @@ def test_an_elementwise_kernel_that_alone_reads_a_result_joins_its_kernel():
 
 def test_a_square_of_a_matmul_result_is_its_epilogue():
     """y * y reads y twice: one node, but two reads, so it could not join alone."""
-    graph, (x, w, y, *_) = _matmul_then_tanh_gelu()
+    x = ir.Node("input", (), (8, 16), F32, {"index": 0}, name="x")
+    w = ir.Node("const", (), (16, 16), F32, {"value": np.ones((16, 16), np.float32)}, name="w")
+    y = ir.Node("matmul", (x, w), (8, 16), F32, name="y")
     square = ir.Node("binary", (y, y), (8, 16), F32, {"op": "mul"}, name="square")
     graph = ir.Graph([x, w, y, square], [x], [square])
     fuse(graph)
