@@ -1,8 +1,11 @@
 """The JIT's cache of compiled kernels: object code in memory and on disk, keyed by everything that shapes it.
 
 The key is sha256 over the trnc version, the Codegen's identity (host triple, CPU, features, LLVM and
-llvmlite versions) and the kernel module's LLVM IR text, so a change to any of them, including a change
-to trnc's lowering, misses. Lookups go memory, then disk (`TRNC_CACHE_DIR/kernels/<key>.o` unless
+llvmlite versions), a digest of the sources that generate kernel IR (every module of trnc.runtime and
+trnc.isa) and the kernel's name: its signature's text, which with those sources determines its IR. So a
+change to any of them, including a change to trnc's lowering, misses, and a hit never builds the IR (the
+IR text as key cost about 4 ms of Python per kernel: 0.9 s of a warm load of 200 kernels). Lookups go
+memory, then disk (`TRNC_CACHE_DIR/kernels/<key>.o` unless
 `TRNC_CACHE=0`), then compile. A disk entry is `MAGIC + sha256(payload) + payload`; one whose magic or
 hash does not match (a torn or tampered file) is deleted and rebuilt, never loaded. Writes go to a temp
 file in the same directory and `os.replace` it, so readers see either no entry or a whole one.
@@ -10,12 +13,16 @@ file in the same directory and `os.replace` it, so readers see either no entry o
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import trnc.isa
+import trnc.runtime
 from trnc import flags, version
 from trnc.errors import TrncError
 from trnc.runtime.jit.codegen import Codegen
@@ -34,6 +41,23 @@ class CacheStats:
     discarded: int = 0
 
 
+def source_digest(roots: Sequence[Path] | None = None) -> str:
+    """sha256 over the path and bytes of every .py file under `roots` (default: the trnc.runtime and trnc.isa
+    packages, computed once per process)."""
+    if roots is None:
+        return _package_digest()
+    h = hashlib.sha256()
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
+def _package_digest() -> str:
+    return source_digest([Path(trnc.runtime.__file__).parent, Path(trnc.isa.__file__).parent])
+
+
 class KernelCache:
     """Object code by key, in memory for the process and on disk across processes."""
 
@@ -41,14 +65,15 @@ class KernelCache:
         self.codegen = codegen
         self.stats = CacheStats()
         self._memory: dict[str, bytes] = {}
-        self._salt = f"trnc {version.__version__}|{codegen.identity}|".encode()
+        self._salt = f"trnc {version.__version__}|{codegen.identity}|{source_digest()}|".encode()
 
-    def key(self, ir_text: str) -> str:
-        return hashlib.sha256(self._salt + ir_text.encode()).hexdigest()
+    def key(self, name: str) -> str:
+        return hashlib.sha256(self._salt + name.encode()).hexdigest()
 
-    def object_code(self, ir_text: str, what: str = "kernel") -> bytes:
-        """The object code of the module `ir_text`; `what` names it in a TRNC_ASSERT_CACHED error."""
-        key = self.key(ir_text)
+    def object_code(self, name: str, build: Callable[[], str], what: str = "kernel") -> bytes:
+        """The object code of the module named `name` (a kernel signature's text; with the sources, it determines
+        the module), from `build`'s IR text on a miss; `what` names it in a TRNC_ASSERT_CACHED error."""
+        key = self.key(name)
         obj = self._memory.get(key)
         if obj is not None:
             self.stats.memory_hits += 1
@@ -62,7 +87,7 @@ class KernelCache:
                 raise TrncError(f"TRNC_ASSERT_CACHED=1 but {what} (cache key {key[:16]}) is in neither the memory "
                                 "nor the disk cache; run once with TRNC_ASSERT_CACHED=0 to fill the cache")
             self.stats.misses += 1
-            obj = self.codegen.compile(ir_text)
+            obj = self.codegen.compile(build())
             if path is not None:
                 _write_atomic(path, MAGIC + hashlib.sha256(obj).digest() + obj)
         self._memory[key] = obj

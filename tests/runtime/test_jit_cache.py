@@ -16,7 +16,8 @@ from trnc import flags, version
 from trnc.errors import TrncError
 from trnc.isa import AluOp, DType, Engine, Instruction, Program, TensorDecl, TensorKind
 from trnc.runtime import reference
-from trnc.runtime.jit.cache import DIGEST, MAGIC, KernelCache
+from trnc.runtime.jit import cache as cache_module
+from trnc.runtime.jit.cache import DIGEST, MAGIC, KernelCache, source_digest
 from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.executor import JitProgram, Kernels
 from trnc.runtime.jit.kernels import driver_ir
@@ -75,8 +76,8 @@ def test_a_second_codegen_loads_the_kernel_from_disk(tmp_path):
 def test_the_memory_cache_answers_before_the_disk(tmp_path):
     cache = KernelCache(codegen())
     with flags.override(TRNC_CACHE_DIR=tmp_path):
-        obj = cache.object_code(driver_ir())
-        assert cache.object_code(driver_ir()) is obj
+        obj = cache.object_code("driver", driver_ir)
+        assert cache.object_code("driver", driver_ir) is obj
     assert (cache.stats.misses, cache.stats.memory_hits, cache.stats.disk_hits) == (1, 1, 0)
 
 
@@ -121,16 +122,47 @@ def test_assert_cached_fails_on_a_compile_and_passes_when_warm(tmp_path):
     assert table.cache.stats.misses == 0 and np.array_equal(got["y"], 3 * x)
 
 
-def test_the_key_covers_the_ir_the_host_and_the_trnc_version(monkeypatch):
+def test_the_key_covers_the_name_the_sources_the_host_and_the_trnc_version(monkeypatch):
     cg = codegen()
-    text = driver_ir()
-    key = KernelCache(cg).key(text)
-    assert KernelCache(cg).key(text + "\n") != key
+    name = "kernel tensor_scalar dst=fp32[4@64|4x8] src=fp32[4@64|4x8] same:dst=src"
+    key = KernelCache(cg).key(name)
+    assert KernelCache(cg).key(name + " ") != key
     monkeypatch.setattr(version, "__version__", "0.0.0-other")
-    assert KernelCache(cg).key(text) != key
+    assert KernelCache(cg).key(name) != key
     monkeypatch.undo()
     monkeypatch.setattr(Codegen, "identity", property(lambda self: "another host"))
-    assert KernelCache(cg).key(text) != key
+    assert KernelCache(cg).key(name) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(cache_module, "source_digest", lambda: "other sources")
+    assert KernelCache(cg).key(name) != key
+
+
+def test_the_source_digest_changes_with_any_byte_or_name_of_a_source(tmp_path):
+    (tmp_path / "jit").mkdir()
+    lowering = tmp_path / "jit" / "kernels.py"
+    lowering.write_text("UNROLL = 4\n")
+    digest = source_digest([tmp_path])
+    lowering.write_text("UNROLL = 8\n")
+    assert source_digest([tmp_path]) != digest
+    lowering.write_text("UNROLL = 4\n")
+    assert source_digest([tmp_path]) == digest
+    lowering.rename(tmp_path / "jit" / "kernels_pe.py")
+    assert source_digest([tmp_path]) != digest
+    assert len(source_digest()) == 64   # the packages' own digest, over trnc.runtime and trnc.isa
+
+
+def test_a_hit_builds_no_ir(tmp_path):
+    """The point of keying by name: a warm load skips building each kernel's IR (about 4 ms of Python each)."""
+    built = []
+
+    def build():
+        built.append(1)
+        return driver_ir()
+
+    with flags.override(TRNC_CACHE_DIR=tmp_path):
+        KernelCache(codegen()).object_code("driver", build)
+        KernelCache(Codegen()).object_code("driver", build)   # a new process: from disk
+    assert built == [1]
 
 
 NEW_PROCESS = textwrap.dedent("""
