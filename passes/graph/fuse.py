@@ -65,6 +65,11 @@ def fuse(graph: ir.Graph) -> Counter:
     return stats
 
 
+def _copy_alone(p) -> bool:
+    """A reduce that reduces nothing is lowered as a copy, alone: nothing joins it."""
+    return p.op in ir.OPS_REDUCE and p.numel == p.inputs[0].numel
+
+
 def _shared_producer(e, kernels, kernel_of, users) -> int | None:
     """The kernel that elementwise kernel e joins whole (None: it stays): the fusible kernel ending in e's
     latest input p, when p is read more than once, always in e (so no node could join alone: GPT-2's GELU
@@ -80,7 +85,7 @@ def _shared_producer(e, kernels, kernel_of, users) -> int | None:
     p = sources[target]
     if not KINDS[kernels[target].kind].fusible or kernels[target].output is not p or len(users[p]) < 2:
         return None
-    if p.op in ir.OPS_REDUCE and p.numel == p.inputs[0].numel:   # no reduction: lowered as a copy, alone
+    if _copy_alone(p):
         return None
     inside = set(kernel.nodes)
     if not all(u in inside for u in users[p]) or any(n.shape != p.shape for n in kernel.nodes):
@@ -96,7 +101,7 @@ def _fusion_target(n, kernels, kernel_of, users) -> tuple[int | None, list[int]]
             continue
         if len(users[p]) != 1 or p.shape != n.shape:
             continue
-        if p.op in ir.OPS_REDUCE and p.numel == p.inputs[0].numel:   # no reduction: lowered as a copy, alone
+        if _copy_alone(p):
             continue
         others = [kernel_of[i] for i in n.inputs if i is not p and i in kernel_of]
         meeting = _chains_meeting(n, k, kernels, kernel_of, users)
