@@ -231,3 +231,32 @@ def test_bert_with_values_kept_on_chip_between_kernels():
     assert rel <= 1e-5
     rel, _ = _compare(model, args, precision="bf16", auto_cast="all", bit_exact=False)
     assert rel <= _depth_bound(model, args)
+
+
+@pytest.mark.slow
+def test_gpt2_with_values_kept_on_chip_past_its_views():
+    """A pre-norm GPT-2 whose shapes fill 128-row tiles (seq 128, hidden 128). Its Conv1D linears view their
+    input as [tokens, features] and their result back to [1, tokens, features], so each hand-over goes past a
+    view (ir.hand_over_reader): each layer norm leaves only its transpose for the matmul after it (its one
+    reader: nothing stored), each FFN1 result stays for FFN2, and the last FFN2 sum goes to ln_f as rows. fp32
+    within 1e-5 and bit-exact against the reference; bf16 auto_cast="all" within the kernel-depth bound."""
+    import transformers as tf
+    from trnc.capture import capture
+    from trnc.isa.config import get_target
+    from trnc.options import Options
+    from trnc.passes.pipeline import CompileState, run_pipeline
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_embd=128, n_layer=2, n_head=2, n_inner=256, vocab_size=120, n_positions=128,
+                        use_cache=False, attn_implementation="sdpa")
+    model, args = tf.GPT2Model(cfg).eval(), (torch.randint(0, 120, (1, 128)),)
+    _randomize_norms(model)
+    state = CompileState(capture(model, args)[0], Options("fp32"), get_target("trn2"))
+    run_pipeline(state)
+    plans = state.stats["plan"]
+    assert plans["transposed_on_chip"] == 2 * 2 and plans["features_on_chip"] == 2 and plans["rows_on_chip"] == 1
+    norms = [k for k in state.graph.kernels if k.kind == "layer_norm"]
+    assert [k.plan.keep for k in norms] == [True, True] * 2 + [False]   # ln_1 and ln_2 store nothing; ln_f does
+    rel, _ = _compare(model, args)
+    assert rel <= 1e-5
+    rel, _ = _compare(model, args, precision="bf16", auto_cast="all", bit_exact=False)
+    assert rel <= _depth_bound(model, args)

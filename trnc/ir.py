@@ -114,7 +114,8 @@ class KernelPlan:
     partition_dim: Any = None    # the output dim on the partitions: layout's, or "m" for a rows hand-over
     row_tiles: bool = False      # a neighbour is row-wise: a matmul works in tiles of 128 rows beside it
     keep: bool = False           # the result may stay in SBUF for the next kernel instead of going to HBM (a
-                                 # window kernel's image: for every window kernel that reads it, reads_image)
+                                 # window kernel's image: for every window kernel that reads it, reads_image;
+                                 # a layer norm's: only as the transposed copy)
     transposed: bool = False     # a layer norm also leaves the next matmul its result's transpose in SBUF
     feature_major: bool = False  # a matmul result [*batch, M, N] is stored as [N, *batch, M]
 
@@ -375,24 +376,47 @@ def reads_image(kernel: Kernel, user: Node, image: Node) -> bool:
     return user.shape == image.shape
 
 
+def same_matrix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether shapes a and b are one matrix, with or without leading unit dims ([1, 256, 512] and [256, 512])."""
+    return len(a) >= 2 and len(b) >= 2 and a[-2:] == b[-2:] and all(d == 1 for d in a[:-2] + b[:-2])
+
+
+def hand_over_reader(graph: Graph, index: int, users: dict) -> tuple[int | None, Node]:
+    """The kernel a hand-over of kernel `index`'s result goes to, and the value that kernel reads: the next kernel,
+    past reshapes that only add or drop leading unit dims of the result (GPT-2's `x.view(-1, x.size(-1))` around
+    each linear), each the one reader of the value before it; (None, result) at the end of the graph."""
+    kernels = graph.kernels
+    value, at = kernels[index].output, index + 1
+    while at < len(kernels) and kernels[at].kind == "movement" and value not in graph.outputs:
+        view = kernels[at].output
+        if view.op != "reshape" or view.inputs[0] is not value or users[value] != [view] \
+                or not same_matrix(value.shape, view.shape):
+            break
+        value, at = view, at + 1
+    return (at if at < len(kernels) else None), value
+
+
 def _check_plan(graph: Graph, index: int, users: dict) -> str | None:
     """The broken rule of kernel `index`'s plan as text, or None."""
     kernel, plan = graph.kernels[index], graph.kernels[index].plan
     out, op = kernel.output, kernel.nodes[0].op
-    reader = graph.kernels[index + 1].nodes[0] if index + 1 < len(graph.kernels) else None
-    first_operand = reader is not None and reader.inputs[:1] == (out,) and out not in reader.inputs[1:]
-    handing_rows = plan.keep and plan.partition_dim == "m"
-    if plan.partition_dim != kernel.partition_dim and not handing_rows:
-        return f"partition_dim differs from layout's {kernel.partition_dim!r} without a rows hand-over"
+    at, value = hand_over_reader(graph, index, users)
+    reader = graph.kernels[at].nodes[0] if at is not None else None
+    first_operand = reader is not None and reader.inputs[:1] == (value,) and value not in reader.inputs[1:]
+    if plan.partition_dim != kernel.partition_dim and not (plan.keep and op == "matmul"):
+        return f"partition_dim differs from layout's {kernel.partition_dim!r} without a matmul's hand-over"
     if plan.keep and op in OPS_WINDOW:
         kernel_of = {n: k for k in graph.kernels for n in k.nodes}
         if out in graph.outputs or not all(u in kernel_of and reads_image(kernel_of[u], u, out) for u in users[out]):
             return "keeps in SBUF an image that a kernel other than a window kernel's input or epilogue reads"
     elif plan.keep:
         wanted = "m" if reader is not None and reader.op in OPS_ROWWISE else "n"
-        if op != "matmul" or not first_operand or users[out] != [reader] or out in graph.outputs:
+        if op not in ("matmul", "layer_norm") or not first_operand or users[value] != [reader] \
+                or value in graph.outputs:
             return "keeps in SBUF a result the next kernel alone does not read as its first operand"
-        if plan.partition_dim != wanted or reader.op not in OPS_ROWWISE | {"matmul"}:
+        if op == "layer_norm" and not plan.transposed:
+            return "keeps a layer norm's result in SBUF without a transposed hand-over"
+        if op == "matmul" and (plan.partition_dim != wanted or reader.op not in OPS_ROWWISE | {"matmul"}):
             return f"keeps a result for a {reader.op} with partition_dim {plan.partition_dim!r}"
     if plan.transposed and (op != "layer_norm" or not first_operand or reader.op != "matmul"):
         return "a transposed hand-over from a kernel other than a layer norm read by the next matmul"

@@ -12,9 +12,12 @@ neighbours is decided here, before tile, so the tile pass and the kernel lowerin
 - features kept (keep, partition_dim "n"): a matmul result whose only reader is the next matmul, as
   its contraction operand, stays in SBUF feature-major when it fits (FFN1 -> FFN2: 6.3 MB of DMA at
   sequence 512); the buffer is live only across the two kernels, whose blockings leave room for it.
+  Features go on the partitions whatever layout chose (GPT-2's FFN1 costs the same either way alone).
+- the kernel a hand-over goes to is the next one past reshapes that only add or drop leading unit dims
+  (ir.hand_over_reader): GPT-2's linears view their input as [tokens, features] and their result back.
 - transposed hand-over: a layer norm read by the next matmul as its `a` operand also leaves that
   matmul its transpose in SBUF (C on the partitions of both operands); the HBM copy is still stored
-  for the other readers.
+  for the other readers, and only then (keep: the matmul is the only reader, as in a pre-norm layer).
 - feature-major stores: a matmul result with N on the partitions that only matmuls and attentions
   read (through views) is stored [N, *batch, M], so stores and loads are whole rows (lower.py).
 - row tiles: a matmul next to a row-wise kernel streams its rows in 128-row tiles, so the two
@@ -50,9 +53,10 @@ def hands_rows_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
     into one M), the rows fill whole 128-row tiles, and they take at most KEEP_BYTES per partition."""
     kernels = graph.kernels
     kernel = kernels[index]
-    if kernel.kind != "matmul" or index + 1 >= len(kernels) or not KINDS[kernels[index + 1].kind].row_wise:
+    at, out = ir.hand_over_reader(graph, index, users)
+    if kernel.kind != "matmul" or at is None or not KINDS[kernels[at].kind].row_wise:
         return False
-    out, reader, weight = kernel.output, kernels[index + 1].nodes[0], kernel.nodes[0].inputs[1]
+    reader, weight = kernels[at].nodes[0], kernel.nodes[0].inputs[1]
     if users[out] != [reader] or reader.inputs[0] is not out or out in graph.outputs or len(out.shape) < 2:
         return False
     if math.prod(weight.shape[:-2]) != 1:
@@ -61,17 +65,17 @@ def hands_rows_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
     return rows % PARTITIONS == 0 and rows // PARTITIONS * out.shape[-1] * out.dtype.itemsize <= KEEP_BYTES
 
 
-def keeps_features_on_chip(graph: ir.Graph, index: int, users: dict, partition_dim) -> bool:
-    """Whether kernel `index`, a matmul with N on the partitions, may leave its result [M, N] in SBUF for the
+def keeps_features_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
+    """Whether kernel `index`, a matmul, may leave its result [M, N] with N on the partitions in SBUF for the
     next kernel's matmul, its only reader, as its `a` operand (read as a^T: K = N on the partitions, as the
     producer evacuates it): no batch, N a multiple of 128, the reader computing in the value's dtype, and at
     most KEEP_BYTES per partition."""
     kernels = graph.kernels
     kernel = kernels[index]
-    out = kernel.output
-    if kernel.kind != "matmul" or partition_dim != "n" or index + 1 >= len(kernels):
+    at, out = ir.hand_over_reader(graph, index, users)
+    if kernel.kind != "matmul" or at is None:
         return False
-    nxt = kernels[index + 1]
+    nxt = kernels[at]
     if nxt.kind != "matmul" or users[out] != [nxt.nodes[0]] or out in graph.outputs or len(out.shape) < 2:
         return False
     *lead, m, n = out.shape
@@ -81,20 +85,26 @@ def keeps_features_on_chip(graph: ir.Graph, index: int, users: dict, partition_d
             and n // PARTITIONS * m * out.dtype.itemsize <= KEEP_BYTES)
 
 
-def hands_transpose_on_chip(graph: ir.Graph, index: int) -> bool:
+def hands_transpose_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
     """Whether kernel `index`, a layer norm, may also leave its result [*lead, C] transposed in SBUF for the
     next kernel, a matmul that reads it as its `a` operand in its own dtype: the rows fill whole 128-row
     tiles, C whole 128-partition blocks, and the copy takes at most KEEP_BYTES per partition."""
     kernels = graph.kernels
-    kernel = kernels[index]
-    if kernel.kind != "layer_norm" or index + 1 >= len(kernels) or kernels[index + 1].kind != "matmul":
+    at, out = ir.hand_over_reader(graph, index, users)
+    if kernels[index].kind != "layer_norm" or at is None or kernels[at].kind != "matmul":
         return False
-    out, nxt = kernel.output, kernels[index + 1]
+    nxt = kernels[at]
     reader = nxt.nodes[0]
     if reader.inputs[0] is not out or reader.inputs[1] is out or (nxt.compute_dtype or out.dtype) != out.dtype:
         return False
     rows, c = math.prod(out.shape[:-1]), out.shape[-1]
     return rows % PARTITIONS == 0 and c % PARTITIONS == 0 and c // PARTITIONS * rows * out.dtype.itemsize <= KEEP_BYTES
+
+
+def only_reader(graph: ir.Graph, index: int, users: dict) -> bool:
+    """Whether the kernel a hand-over of kernel `index` goes to is the only reader of its result."""
+    at, value = ir.hand_over_reader(graph, index, users)
+    return at is not None and value not in graph.outputs and users[value] == [graph.kernels[at].nodes[0]]
 
 
 def stores_feature_major(graph: ir.Graph, kernel: ir.Kernel, partition_dim, users: dict, kernel_of: dict) -> bool:
@@ -146,10 +156,28 @@ def keeps_image_on_chip(graph: ir.Graph, index: int, users: dict, kernel_of: dic
     return True
 
 
+def _unit_view(node: ir.Node, kernel_of: dict) -> bool:
+    """Whether `node` is a reshape kernel that only adds or drops leading unit dims (a view of the same matrix)."""
+    return node in kernel_of and kernel_of[node].kind == "movement" and node.op == "reshape" \
+        and ir.same_matrix(node.shape, node.inputs[0].shape)
+
+
 def next_to_rows(kernel: ir.Kernel, users: dict, kernel_of: dict) -> bool:
-    """Whether a kernel that reads the result of `kernel` or produces one of its inputs is row-wise."""
-    near = [kernel_of[i] for i in kernel.inputs if i in kernel_of]
-    near += [kernel_of[u] for u in users[kernel.output]]
+    """Whether a kernel that reads the result of `kernel` or produces one of its inputs, past unit-dim views, is
+    row-wise."""
+    near, sources, results = [], list(kernel.inputs), [kernel.output]
+    while sources:
+        node = sources.pop()
+        if _unit_view(node, kernel_of):
+            sources.append(node.inputs[0])
+        elif node in kernel_of:
+            near.append(kernel_of[node])
+    while results:
+        for user in users[results.pop()]:
+            if _unit_view(user, kernel_of):
+                results.append(user)
+            else:
+                near.append(kernel_of[user])
     return any(KINDS[k.kind].row_wise for k in near)
 
 
@@ -161,14 +189,15 @@ def plan_kernels(graph: ir.Graph) -> Counter:
     live_images: list = []
     for index, kernel in enumerate(graph.kernels):
         rows = hands_rows_on_chip(graph, index, users)
-        partition_dim = "m" if rows else kernel.partition_dim
-        features = keeps_features_on_chip(graph, index, users, partition_dim)
+        features = not rows and keeps_features_on_chip(graph, index, users)
+        partition_dim = "m" if rows else "n" if features else kernel.partition_dim
         image = keeps_image_on_chip(graph, index, users, kernel_of, live_images)
+        transposed = hands_transpose_on_chip(graph, index, users)
         plan = ir.KernelPlan(
             partition_dim=partition_dim,
             row_tiles=kernel.kind == "matmul" and next_to_rows(kernel, users, kernel_of),
-            keep=rows or features or image,
-            transposed=hands_transpose_on_chip(graph, index),
+            keep=rows or features or image or (transposed and only_reader(graph, index, users)),
+            transposed=transposed,
             feature_major=stores_feature_major(graph, kernel, partition_dim, users, kernel_of))
         kernel.plan = plan
         stats.update({"rows_on_chip": rows, "features_on_chip": features, "images_on_chip": image,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from trnc.errors import VerifyError
 from trnc.isa.ap import AP, Mem
 from trnc.isa.program import Instruction, Program, TensorDecl, TensorKind
 from trnc.isa.verify import verify
@@ -36,8 +37,17 @@ def lay_out_tensors(tensors: tuple[TensorDecl, ...], instructions: tuple[Instruc
     """The program's tensors in signature order: the INPUT declarations in the order of `inputs`, the OUTPUT
     ones in the order of `outputs`, each kind filling the positions its declarations held; the scratch tensors
     no instruction touches (a value lower.py kept in SBUF keeps its HBM declaration until here) dropped; and the
-    instructions with their HBM indices renumbered."""
-    used = {ap.tensor for ins in instructions for _, ap, _ in ins.operands() if ap.mem is Mem.HBM}
+    instructions with their HBM indices renumbered. A scratch tensor read but never written is an error."""
+    used, written = set(), set()
+    for ins in instructions:
+        for _, ap, is_write in ins.operands():
+            if ap.mem is Mem.HBM:
+                used.add(ap.tensor)
+                if is_write:
+                    written.add(ap.tensor)
+    unwritten = [tensors[i].name for i in sorted(used - written) if tensors[i].kind is TensorKind.SCRATCH]
+    if unwritten:   # a hand-over a reader did not take (its producer stored nothing): garbage, never a run
+        raise VerifyError(f"scratch tensors read but never written: {', '.join(unwritten)}")
     keep = [i for i, t in enumerate(tensors) if t.kind is not TensorKind.SCRATCH or i in used]
     index_of = {t.name: i for i, t in enumerate(tensors)}
     for kind, names in ((TensorKind.INPUT, inputs), (TensorKind.OUTPUT, outputs)):

@@ -10,7 +10,8 @@ legal program that computes garbage). So between tile, allocate and schedule thi
   allocate has run, within the memory; HBM operands name a declared tensor, in its dtype, within it;
 - order: every buffer is written before it is read;
 - hand-overs: a kept tile or transposed copy is an SBUF tile of the tensor's shape, written by one
-  kernel whose plan asked for it, read only by the next; a kept tensor is never accessed in HBM; a resident
+  kernel whose plan asked for it, read only by the next; a kept tensor (and a transposed one whose
+  layer norm keeps it, storing nothing) is never accessed in HBM; a resident
   image likewise, read only by the kernels that read the producer's result;
 - schedule: every tile instruction was scheduled once.
 """
@@ -158,7 +159,7 @@ def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
             if t.buffer.mem is not Mem.SBUF or t.shape != want or t.dtype != decl.dtype:
                 problems.append(f"{what} tile {t.buffer} of {decl.name} is {t.dtype.text}{list(t.shape)}, not "
                                 f"{decl.dtype.text}{list(want)} in SBUF")
-            if what == "kept" and tensor in touched:
+            if tensor in touched and (what == "kept" or _owner_keeps(graph, kernels_of.get(t.buffer, set()))):
                 problems.append(f"{decl.name} is kept in SBUF but instructions access it in HBM")
             if graph is not None:
                 problems += _kernel_problems(graph, what, t.buffer, kernels_of.get(t.buffer, set()))
@@ -176,6 +177,12 @@ def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
     return problems
 
 
+def _owner_keeps(graph: ir.Graph | None, users: set) -> bool:
+    """Whether the kernel that writes a transposed copy keeps its result on chip only (no HBM store to read)."""
+    owner = min((k for k in users if k is not None), default=None)
+    return graph is not None and owner is not None and graph.kernels[owner].plan.keep
+
+
 def _reader_problems(graph: ir.Graph, buf: Buffer, users: set) -> list[str]:
     """The kernel that writes a resident image planned it, and only the kernels reading its result also use it."""
     owner = min((k for k in users if k is not None), default=None)
@@ -189,10 +196,10 @@ def _reader_problems(graph: ir.Graph, buf: Buffer, users: set) -> list[str]:
 
 
 def _kernel_problems(graph: ir.Graph, what: str, buf: Buffer, users: set) -> list[str]:
-    """The kernel that writes a hand-over's buffer planned it, and only the next kernel also reads it."""
+    """The kernel that writes a hand-over's buffer planned it, and only the kernel it hands over to also reads it."""
     owner = min((k for k in users if k is not None), default=None)
-    if owner is None or set(users) - {owner, owner + 1}:
-        return [f"{what} tile {buf} is used by kernels {sorted(users, key=str)}, not one kernel and the next"]
+    if owner is None or set(users) - {owner, ir.hand_over_reader(graph, owner, graph.users())[0]}:
+        return [f"{what} tile {buf} is used by kernels {sorted(users, key=str)}, not one kernel and its reader"]
     plan = graph.kernels[owner].plan
     asked = plan is not None and (plan.keep if what == "kept" else plan.transposed)
     return [] if asked else [f"{what} tile {buf} of kernel k{owner}, whose plan does not ask for it"]

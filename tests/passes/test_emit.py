@@ -24,7 +24,8 @@ EMIT = next(p for p in PIPELINE if p.name == "emit")
 
 class SideOutput(nn.Module):
     """out1 (the side projection) is computed first, so tile declares it before out0; the layer norm's input
-    stays in SBUF, so its HBM tensor is declared but never touched."""
+    and result stay in SBUF (the result as the transposed copy down reads), so their HBM tensors are declared
+    but never touched."""
 
     def __init__(self):
         super().__init__()
@@ -101,7 +102,7 @@ def test_each_tensor_is_declared_once_and_untouched_scratch_is_dropped(scheduled
     scratch = [i for i, t in enumerate(state.program.tensors) if t.kind is TensorKind.SCRATCH]
     assert set(scratch) <= touched
     untouched = [t.name for t in state.tiles.tensors if t.kind is TensorKind.SCRATCH and t.name not in names]
-    assert stats["unused_scratch_dropped"] == len(untouched) == 1
+    assert stats["unused_scratch_dropped"] == len(untouched) == 2
     assert set(names) | set(untouched) == {t.name for t in state.tiles.tensors}
 
 
@@ -119,3 +120,24 @@ def test_a_signature_naming_an_undeclared_output_is_refused(scheduled):
     tiles = dataclasses.replace(state.tiles, outputs=["out0", "out2"])
     with pytest.raises(ValueError, match=r"output tensors \['out1', 'out0'\] are not the signature"):
         EMIT.run(dataclasses.replace(state, tiles=tiles))
+
+
+def test_a_scratch_tensor_read_but_never_written_is_refused():
+    """A reader that missed a hand-over would read an HBM tensor its producer, keeping the value on chip, never
+    stored: garbage that no other check sees, so emit refuses it."""
+    model = nn.Sequential(nn.Linear(64, 128), nn.Softmax(-1), nn.Linear(128, 32)).eval()
+    graph, _ = capture(model, (torch.randn(128, 64),))
+    state = CompileState(graph, Options(), get_target("trn2"))
+    for p in PIPELINE[:[q.name for q in PIPELINE].index("emit")]:
+        p.run(state)
+    scratch = {i for i, t in enumerate(state.tiles.tensors) if t.kind is TensorKind.SCRATCH}
+
+    def hbm(ins, write):
+        return {ap.tensor for _, ap, w in ins.operands() if ap.mem is Mem.HBM and w == write}
+    read = set().union(*(hbm(ins, False) for ins in state.instructions)) & scratch
+    assert read, "the softmax's result goes through HBM"
+    victim = min(read)
+    mutant = [ins for ins in state.instructions if victim not in hbm(ins, True)]
+    assert len(mutant) < len(state.instructions)
+    with pytest.raises(VerifyError, match=f"read but never written: {state.tiles.tensors[victim].name}"):
+        EMIT.run(dataclasses.replace(state, instructions=mutant))

@@ -84,16 +84,24 @@ def test_features_for_the_next_matmul_stay_in_sbuf_feature_major():
     assert stats["features_on_chip"] == 1 and stats["feature_major"] == 1
 
 
-@pytest.mark.parametrize("case", ["ragged N", "other dtype", "read as b", "m on the partitions"])
+def test_features_go_on_the_partitions_for_the_hand_over_whatever_layout_chose():
+    """GPT-2's FFN1 costs the same with tokens or features on the partitions; layout keeps the first (m), the
+    plan takes n for the hand-over."""
+    inputs, kernels = _two_matmuls(256)
+    kernels[0].partition_dim = "m"
+    graph, stats = _planned(inputs, kernels)
+    assert graph.kernels[0].partition_dim == "m" and stats["features_on_chip"] == 1
+    assert graph.kernels[0].plan == ir.KernelPlan("n", keep=True, feature_major=True)
+
+
+@pytest.mark.parametrize("case", ["ragged N", "other dtype", "read as b"])
 def test_features_go_through_hbm_when_the_next_matmul_cannot_take_them_from_sbuf(case):
     inputs, kernels = _two_matmuls(192 if case == "ragged N" else 256, BF16 if case == "other dtype" else None,
                                    as_weight=case == "read as b")
-    if case == "m on the partitions":
-        kernels[0].partition_dim = "m"
     graph, _ = _planned(inputs, kernels)
     plan = graph.kernels[0].plan
     assert not plan.keep
-    assert plan.feature_major == (case != "m on the partitions")   # still read by a matmul, N on the partitions
+    assert plan.feature_major   # still read by a matmul, N on the partitions
 
 
 def test_a_result_any_non_contraction_reads_is_not_feature_major():
@@ -130,7 +138,54 @@ def test_a_layer_norm_hands_the_next_matmul_its_transpose(rows, c, compute, tran
     graph, stats = _planned(*_norm_then_matmul(rows, c, compute))
     ln, mm = graph.kernels
     assert ln.plan.transposed == transposed and stats["transposed_on_chip"] == transposed
+    assert ln.plan.keep == transposed   # the matmul is its only reader: the transpose is all it leaves
     assert mm.plan.row_tiles and not ln.plan.row_tiles   # row tiles are a matmul's decision only
+
+
+def test_a_layer_norm_read_by_another_kernel_too_still_stores_its_result():
+    inputs, kernels = _norm_then_matmul(256, 128)
+    ln = kernels[0].output
+    other = ir.Node("unary", (ln,), ln.shape, F32, {"func": "exp"})
+    graph, _ = _planned(inputs, kernels + [ir.Kernel("elementwise", [other])], outputs=[kernels[1].output, other])
+    assert graph.kernels[0].plan.transposed and not graph.kernels[0].plan.keep
+
+
+def _viewed(node: ir.Node, shape: tuple[int, ...]) -> tuple[ir.Node, ir.Kernel]:
+    view = ir.Node("reshape", (node,), shape, node.dtype, {})
+    return view, ir.Kernel("movement", [view])
+
+
+def test_hand_overs_go_past_views_that_only_add_or_drop_leading_unit_dims():
+    """GPT-2's linears: layer norm [1, 256, 128] -> view [256, 128] -> FFN1 -> FFN2 -> view [1, 256, 128] -> layer
+    norm. Each hand-over goes to the kernel after the view, which reads the same matrix."""
+    x = harness.inp(0, (1, 256, 128), F32)
+    ln1 = ir.Node("layer_norm", (x,), x.shape, F32, {"eps": 1e-5, "has_weight": False, "has_bias": False})
+    flat, flat_k = _viewed(ln1, (256, 128))
+    up = ir.Node("matmul", (flat, _weight(128, 256)), (256, 256), F32, {})
+    down = ir.Node("matmul", (up, _weight(256, 128)), (256, 128), F32, {})
+    back, back_k = _viewed(down, (1, 256, 128))
+    ln2 = ir.Node("layer_norm", (back,), back.shape, F32, {"eps": 1e-5, "has_weight": False, "has_bias": False})
+    kernels = [ir.Kernel("layer_norm", [ln1]), flat_k, ir.Kernel("matmul", [up], partition_dim="m"),
+               ir.Kernel("matmul", [down], partition_dim="n"), back_k, ir.Kernel("layer_norm", [ln2])]
+    graph, stats = _planned([x], kernels)
+    assert ir.hand_over_reader(graph, 0, graph.users()) == (2, flat)
+    assert ir.hand_over_reader(graph, 3, graph.users()) == (5, back)
+    plans = [k.plan for k in graph.kernels]
+    assert plans[0] == ir.KernelPlan(None, keep=True, transposed=True)
+    assert plans[2] == ir.KernelPlan("n", row_tiles=True, keep=True, feature_major=True)
+    assert plans[3] == ir.KernelPlan("m", row_tiles=True, keep=True)
+    assert stats["transposed_on_chip"] == stats["features_on_chip"] == stats["rows_on_chip"] == 1
+
+
+def test_no_hand_over_past_a_view_that_regroups_rows():
+    """[256, 128] -> [2, 128, 128] is a batch of two matrices, not the matrix a kept tile holds."""
+    x = harness.inp(0, (256, 64), F32)
+    mm = ir.Node("matmul", (x, _weight(64, 128)), (256, 128), F32, {})
+    view, view_k = _viewed(mm, (2, 128, 128))
+    row = ir.Node("softmax", (view,), view.shape, F32, {})
+    graph, _ = _planned([x], [ir.Kernel("matmul", [mm], partition_dim="n"), view_k, ir.Kernel("softmax", [row])])
+    assert ir.hand_over_reader(graph, 0, graph.users()) == (1, mm)
+    assert graph.kernels[0].plan == ir.KernelPlan("n")
 
 
 def test_the_verifier_rejects_plans_without_their_reader():
@@ -142,7 +197,7 @@ def test_the_verifier_rejects_plans_without_their_reader():
         ir.verify(graph)
     graph.outputs.pop()
     sm.plan = replace(sm.plan, partition_dim=0)
-    with pytest.raises(VerifyError, match="differs from layout's None without a rows hand-over"):
+    with pytest.raises(VerifyError, match="differs from layout's None without a matmul's hand-over"):
         ir.verify(graph)
     sm.plan = replace(sm.plan, partition_dim=None, transposed=True)
     with pytest.raises(VerifyError, match="transposed hand-over from a kernel other than a layer norm"):
@@ -155,5 +210,5 @@ def test_the_verifier_rejects_plans_without_their_reader():
 def test_the_printer_shows_each_kernels_dtype_partition_dim_and_plan():
     graph, _ = _planned(*_norm_then_matmul(256, 128, F32))
     text = graph.text()
-    assert "k0 layer_norm: compute -, partition_dim None, plan partition_dim=None transposed" in text
+    assert "k0 layer_norm: compute -, partition_dim None, plan partition_dim=None keep transposed" in text
     assert "k1 matmul: compute fp32, partition_dim n, plan partition_dim=n row_tiles" in text

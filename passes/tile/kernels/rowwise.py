@@ -213,9 +213,10 @@ def _softmax(kb: TileBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
     pipelined(list(rows.tiles()), ((0, rows.load), (1, statistics), (2, finish)))
 
 
-def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, transposed: bool) -> Tile | None:
+def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, plan: ir.KernelPlan) -> Tile | None:
     """The layer norm's instructions; returns the transposed copy for the next matmul when the plan asks for
-    one and the rows allow it."""
+    one and the rows allow it. When that matmul is the only reader (plan.keep), the copy is all it computes:
+    no weight and bias rows, no row-major result, no store."""
     node = kernel.output
     _, *params = node.inputs
     has_weight, has_bias = bool(node.attrs.get("has_weight")), bool(node.attrs.get("has_bias"))
@@ -228,10 +229,14 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
     param_bytes = 2 * sum(p.dtype.itemsize for p in (weight, bias) if p is not None)
     check_row_fits(kb, node, rows.x.dtype.itemsize + 4 + node.dtype.itemsize + param_bytes)
     tiles = list(rows.tiles())
-    w = broadcast_rows(kb, "weight", views[weight], tiles[0]["parts"]) if weight is not None else None
-    b = broadcast_rows(kb, "bias", views[bias], tiles[0]["parts"]) if bias is not None else None
-    copy = _transposed_copy(kb, rows, node.dtype, *(views[p] if p is not None else None for p in (weight, bias))) \
-        if transposed else None
+    params = [views[p] if p is not None else None for p in (weight, bias)]
+    transposes = plan.transposed and _transpose_allowed(kb, rows, node.dtype, *params)
+    only_copy = transposes and plan.keep
+    w = broadcast_rows(kb, "weight", views[weight], tiles[0]["parts"]) if weight is not None and not only_copy \
+        else None
+    b = broadcast_rows(kb, "bias", views[bias], tiles[0]["parts"]) if bias is not None and not only_copy else None
+    copy = _TransposedCopy(kb, rows, node.dtype, *params) if transposes else None
+    scaled = weight is not None or bias is not None
 
     def statistics(tile: dict) -> None:
         parts, x = tile["parts"], tile["x"]
@@ -252,7 +257,7 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
         steps = [(AluOp.MUL, t.narrow(0, 0, parts)) for t in (w,) if t is not None] + \
                 [(AluOp.ADD, t.narrow(0, 0, parts)) for t in (b,) if t is not None]
         stochastic = engines.stochastic(kb, y.dtype)    # the last step into t (fp32), then engines.write
-        whole = kb.sbuf("t", FP32, parts, (c,)) if steps or stochastic else y
+        whole = kb.sbuf("t", FP32, parts, (c,)) if steps or stochastic or (only_copy and scaled) else y
         # the kernel's last row tile goes in column halves: two engines share its passes, and the first half
         # stores while the second computes (the kernel's tail after its last statistics is shorter)
         last = tile is tiles[-1] and len(tiles) > 1 and copy is None and c >= PARTITIONS
@@ -262,6 +267,8 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, tr
                     scalar0_ap=tile["nmean"], op1=AluOp.MUL, scalar1_ap=tile["rstd"])
             if copy is not None:
                 copy.add(tile, t)
+            if only_copy:
+                continue
             for i, (op, param) in enumerate(steps):
                 # in place but for the transposed copy's tiles, which read t while the steps run
                 dst = y.narrow(1, c0, width) if i == len(steps) - 1 and not stochastic else \
@@ -305,20 +312,16 @@ class _TransposedCopy:
             self.kb.emit("tensor_scalar" if fields else "tensor_copy", PSUM_READERS, dst=dst, src=block, **fields)
 
 
-def _transposed_copy(kb: TileBuilder, rows: _Rows, dtype: DType, weight: HbmView | None,
-                     bias: HbmView | None) -> _TransposedCopy | None:
-    """The transposed copy when the rows allow it (one row dim, whole row tiles, C whole blocks of 128, the
+def _transpose_allowed(kb: TileBuilder, rows: _Rows, dtype: DType, weight: HbmView | None,
+                       bias: HbmView | None) -> bool:
+    """Whether the rows allow the transposed copy (one row dim, whole row tiles, C whole blocks of 128, the
     result stored as a whole [R, C] tensor) and the result rounds to nearest: rounded stochastically, the two
     copies would draw different bits, so the next matmul reads the HBM one."""
     out = rows.out
-    if engines.stochastic(kb, dtype):
-        return None
-    if len(rows.x.shape) != 2 or out.offset or out.strides != (rows.c, 1):
-        return None
+    if engines.stochastic(kb, dtype) or len(rows.x.shape) != 2 or out.offset or out.strides != (rows.c, 1):
+        return False
     r, c = rows.x.shape
-    if r % PARTITIONS or c % PARTITIONS or any(v is not None and v.shape != (c,) for v in (weight, bias)):
-        return None
-    return _TransposedCopy(kb, rows, dtype, weight, bias)
+    return not (r % PARTITIONS or c % PARTITIONS or any(v is not None and v.shape != (c,) for v in (weight, bias)))
 
 
 def _columns(kb: TileBuilder, name: str, view: HbmView) -> Tile:
@@ -341,7 +344,7 @@ def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out
         return None
     rows = _Rows(kb, views[x], out)
     if node.op == "layer_norm":
-        return _layer_norm(kb, kernel, views, rows, plan.transposed)
+        return _layer_norm(kb, kernel, views, rows, plan)
     if node.op in ("softmax", "log_softmax"):
         _softmax(kb, node, rows, log=node.op == "log_softmax")
         return None
