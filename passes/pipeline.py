@@ -31,6 +31,7 @@ from trnc.passes.graph.merge_matmuls import MergeMatmuls
 from trnc.passes.graph.plan import PlanKernels
 from trnc.passes.graph.precision import Precision
 from trnc.passes.graph.quantize import Quantize
+from trnc.passes.graph.recognize import Recognize
 from trnc.passes.tile.schedule import Schedule
 from trnc.passes.graph.simplify import Simplify
 from trnc.passes.tile.lower import LowerToTiles
@@ -70,6 +71,7 @@ PIPELINE = (
     Legalize(),        # Core ATen -> the trnc op set (ir.TRNC_OPS)
     FoldConstants(),   # nodes of constants only (masks, rotary tables, reshaped weights) computed now
     Simplify(),        # CSE; reshapes sunk below elementwise ops so fusion sees through them
+    Recognize(),       # spelled-out RMS norms into the row-wise rms_norm op
     MergeMatmuls(),    # sibling matmuls of one input (Q, K, V) into one wider matmul
     Quantize(),        # precision="fp8": weights' matmuls to fp8 operands scaled per tensor
     Fuse(),            # kernels: matmul epilogues, elementwise chains, row-wise ops

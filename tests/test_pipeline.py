@@ -24,7 +24,7 @@ def test_passes_run_in_the_documented_order_and_are_timed():
     state = _state()
     times = run_pipeline(state)
     assert list(times) == list(pipeline.PASS_NAMES)
-    assert pipeline.PASS_NAMES == ("legalize", "fold", "simplify", "merge-matmuls", "quantize", "fuse", "precision", "layout",
+    assert pipeline.PASS_NAMES == ("legalize", "fold", "simplify", "recognize", "merge-matmuls", "quantize", "fuse", "precision", "layout",
                                    "plan", "tile", "prefetch", "allocate", "schedule", "emit")
     assert state.program is not None and len(state.program.instructions) > 0
     with open("docs/layout.md") as f:   # docs/layout.md lists the passes in pipeline order

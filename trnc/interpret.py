@@ -115,6 +115,13 @@ def _layer_norm(n, x, *params):
     return F.layer_norm(_f32(x), (x.shape[-1],), weight, bias, n.attrs["eps"])
 
 
+def _rms_norm(n, x, *weight):
+    """x / sqrt(mean(x^2) + eps), rounded, then times the weight, rounded (LlamaRMSNorm's fp32 ops)."""
+    x = _f32(x)
+    y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + n.attrs["eps"])
+    return y * _f32(weight[0]) if n.attrs["has_weight"] else y
+
+
 def _matmul(n, a, b, scale=None):
     """With attrs quantize (passes/graph/quantize.py): operand `operand` first becomes fp8(x * scale) in fp32,
     its scale the attribute or the third input, as the kernel quantizes it while loading."""
@@ -221,7 +228,8 @@ def _copy(n, x):
 
 EVAL = {
     "unary": _unary, "binary": _binary, "scalar": _scalar, "where": _where, "cast": _cast, "reduce": _reduce,
-    "softmax": _softmax, "log_softmax": _log_softmax, "layer_norm": _layer_norm, "matmul": _matmul,
+    "softmax": _softmax, "log_softmax": _log_softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm,
+    "matmul": _matmul,
     "matmul_mx": _matmul_mx,
     "attention": _attention, "conv": _conv, "pool": _pool, "gather": _gather, "reshape": _reshape,
     "permute": _permute, "expand": _expand, "slice": _slice, "cat": _cat, "copy": _copy,

@@ -33,7 +33,8 @@ UNARY_FUNCS = frozenset(f.text for f in ActFunc) | UNARY_IR_ONLY
 BINARY_OPS = frozenset(op.text for op in AluOp if op is not AluOp.BYPASS)
 OPS_ELEMENTWISE = frozenset({"unary", "binary", "scalar", "where", "cast"})
 OPS_REDUCE = frozenset({"reduce"})                       # attrs op (sum/max/min), axes, keepdim
-OPS_ROWWISE = frozenset({"softmax", "log_softmax", "layer_norm"})   # over the last axis
+OPS_NORM = frozenset({"layer_norm", "rms_norm"})                  # normalize rows over the last axis
+OPS_ROWWISE = frozenset({"softmax", "log_softmax"}) | OPS_NORM     # over the last axis
 OPS_CONTRACT = frozenset({"matmul", "attention", "conv", "matmul_mx"})
 # sliding windows over [N, C, H, W] (attrs: docs/ir.md; output size: window_out_size)
 OPS_WINDOW = frozenset({"conv", "pool"})
@@ -296,8 +297,8 @@ def _check_node(n: Node, legalized: bool) -> str | None:
         return f"{list(ins[0])} does not expand to {list(n.shape)}"
     if n.op == "reduce" and a.get("op") not in ("sum", "max", "min"):
         return f"reduce op {a.get('op')!r} is not sum, max or min"
-    if n.op == "layer_norm" and ins[0] != n.shape:
-        return f"layer_norm output {list(n.shape)} differs from its input {list(ins[0])}"
+    if n.op in OPS_NORM and ins[0] != n.shape:
+        return f"{n.op} output {list(n.shape)} differs from its input {list(ins[0])}"
     if n.op == "random" and (ins or n.dtype is not DType.FP32 or not isinstance(a.get("stream"), int)):
         return "random takes no operands, is fp32 and has an int attribute stream"
     if n.op == "const" and not isinstance(a.get("value"), np.ndarray):
@@ -411,15 +412,15 @@ def _check_plan(graph: Graph, index: int, users: dict) -> str | None:
             return "keeps in SBUF an image that a kernel other than a window kernel's input or epilogue reads"
     elif plan.keep:
         wanted = "m" if reader is not None and reader.op in OPS_ROWWISE else "n"
-        if op not in ("matmul", "layer_norm") or not first_operand or users[value] != [reader] \
+        if (op != "matmul" and op not in OPS_NORM) or not first_operand or users[value] != [reader] \
                 or value in graph.outputs:
             return "keeps in SBUF a result the next kernel alone does not read as its first operand"
-        if op == "layer_norm" and not plan.transposed:
-            return "keeps a layer norm's result in SBUF without a transposed hand-over"
+        if op in OPS_NORM and not plan.transposed:
+            return "keeps a norm's result in SBUF without a transposed hand-over"
         if op == "matmul" and (plan.partition_dim != wanted or reader.op not in OPS_ROWWISE | {"matmul"}):
             return f"keeps a result for a {reader.op} with partition_dim {plan.partition_dim!r}"
-    if plan.transposed and (op != "layer_norm" or not first_operand or reader.op != "matmul"):
-        return "a transposed hand-over from a kernel other than a layer norm read by the next matmul"
+    if plan.transposed and (op not in OPS_NORM or not first_operand or reader.op != "matmul"):
+        return "a transposed hand-over from a kernel other than a norm read by the next matmul"
     if plan.feature_major and (op != "matmul" or plan.partition_dim != "n" or out in graph.outputs):
         return "a feature-major store of a result that is not an inner matmul result with N on the partitions"
     return None

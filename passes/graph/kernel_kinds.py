@@ -58,6 +58,7 @@ KINDS = {k.name: k for k in (
     KernelKind("softmax", frozenset({"softmax"}), "rowwise", row_wise=True),
     KernelKind("log_softmax", frozenset({"log_softmax"}), "rowwise", row_wise=True),
     KernelKind("layer_norm", frozenset({"layer_norm"}), "rowwise", row_wise=True),
+    KernelKind("rms_norm", frozenset({"rms_norm"}), "rowwise", row_wise=True),
     KernelKind("matmul", frozenset({"matmul"}), "matmul", contraction=True, fusible=True, macs=_matmul_macs),
     KernelKind("matmul_mx", frozenset({"matmul_mx"}), "matmul_mx", contraction=True, fusible=True, macs=_matmul_macs),
     KernelKind("attention", frozenset({"attention"}), "attention", contraction=True, macs=_attention_macs),

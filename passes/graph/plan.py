@@ -15,7 +15,7 @@ neighbours is decided here, before tile, so the tile pass and the kernel lowerin
   Features go on the partitions whatever layout chose (GPT-2's FFN1 costs the same either way alone).
 - the kernel a hand-over goes to is the next one past reshapes that only add or drop leading unit dims
   (ir.hand_over_reader): GPT-2's linears view their input as [tokens, features] and their result back.
-- transposed hand-over: a layer norm read by the next matmul as its `a` operand also leaves that
+- transposed hand-over: a layer norm (or RMS norm) read by the next matmul as its `a` operand also leaves that
   matmul its transpose in SBUF (C on the partitions of both operands); the HBM copy is still stored
   for the other readers, and only then (keep: the matmul is the only reader, as in a pre-norm layer).
 - feature-major stores: a matmul result with N on the partitions that only matmuls and attentions
@@ -86,12 +86,12 @@ def keeps_features_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
 
 
 def hands_transpose_on_chip(graph: ir.Graph, index: int, users: dict) -> bool:
-    """Whether kernel `index`, a layer norm, may also leave its result [*lead, C] transposed in SBUF for the
+    """Whether kernel `index`, a layer or RMS norm, may also leave its result [*lead, C] transposed in SBUF for the
     next kernel, a matmul that reads it as its `a` operand in its own dtype: the rows fill whole 128-row
     tiles, C whole 128-partition blocks, and the copy takes at most KEEP_BYTES per partition."""
     kernels = graph.kernels
     at, out = ir.hand_over_reader(graph, index, users)
-    if kernels[index].kind != "layer_norm" or at is None or kernels[at].kind != "matmul":
+    if kernels[index].nodes[0].op not in ir.OPS_NORM or at is None or kernels[at].kind != "matmul":
         return False
     nxt = kernels[at]
     reader = nxt.nodes[0]

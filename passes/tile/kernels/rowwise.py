@@ -1,4 +1,4 @@
-"""Row-wise kernels of the tile stage: softmax, log_softmax and layer_norm over the last axis.
+"""Row-wise kernels of the tile stage: softmax, log_softmax, layer_norm and rms_norm over the last axis.
 
 Every leading index is a row; rows go on the partitions, 128 per tile, and the last axis C lies
 along the free axis, so each statistic of a row (max, sum, mean, variance) is one free-axis
@@ -10,10 +10,11 @@ writes fp32 and engines.write rounds it into the output's dtype).
 Per row tile (P rows, C columns), the passes over the [P, C] data are:
 - softmax:     max (DVE), exp(x - max) with the row sum accumulated (ACT), times 1/sum (any engine);
 - log_softmax: max (DVE), exp(x - max) for its row sum only (ACT), x - max - log(sum) (DVE/POOL);
-- layer_norm:  sum(x0 - x) with x0 the row's first element (ACT, see _layer_norm), (x - mean)^2
+- layer_norm:  sum(x0 - x) with x0 the row's first element (ACT, see _norm), (x - mean)^2
   with its row sum accumulated (ACT), (x - mean) * rstd (any engine), then * weight and + bias
   (DVE/POOL), the weight and bias rows loaded once per kernel and copied to all partitions; the
-  kernel's last row tile does these passes and its store in two column halves, which shortens the tail.
+  kernel's last row tile does these passes and its store in two column halves, which shortens the tail;
+- rms_norm:    x^2 with its row sum accumulated (ACT), x * rstd (any engine), then * weight as above.
 
 Row tiles are boxes of the input view: the leading dims are merged wherever the view's strides
 allow, the longest leading dim goes on the partitions, and when it is shorter than 128 several of
@@ -213,11 +214,12 @@ def _softmax(kb: TileBuilder, node: ir.Node, rows: _Rows, log: bool) -> None:
     pipelined(list(rows.tiles()), ((0, rows.load), (1, statistics), (2, finish)))
 
 
-def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, plan: ir.KernelPlan) -> Tile | None:
-    """The layer norm's instructions; returns the transposed copy for the next matmul when the plan asks for
-    one and the rows allow it. When that matmul is the only reader (plan.keep), the copy is all it computes:
-    no weight and bias rows, no row-major result, no store."""
+def _norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, plan: ir.KernelPlan) -> Tile | None:
+    """The layer or RMS norm's instructions (an RMS norm: no mean, x * rstd); returns the transposed copy for
+    the next matmul when the plan asks for one and the rows allow it. When that matmul is the only reader
+    (plan.keep), the copy is all it computes: no weight and bias rows, no row-major result, no store."""
     node = kernel.output
+    centered = node.op == "layer_norm"
     _, *params = node.inputs
     has_weight, has_bias = bool(node.attrs.get("has_weight")), bool(node.attrs.get("has_bias"))
     weight = params[0] if has_weight else None
@@ -241,6 +243,11 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, pl
     def statistics(tile: dict) -> None:
         parts, x = tile["parts"], tile["x"]
         tile["y"] = y = kb.sbuf("y", node.dtype, parts, (c,))
+        if not centered:
+            sq, tile["rstd"] = kb.sbuf("sqsum", FP32, parts, (1,)), kb.sbuf("rstd", FP32, parts, (1,))
+            kb.emit("activation", dst=y, src=x, func=ActFunc.SQUARE, accum=sq)
+            kb.emit("activation", dst=tile["rstd"], src=sq, func=ActFunc.RSQRT, scale=1.0 / c, bias=eps)
+            return
         shifted, tile["nmean"], sq, tile["rstd"] = (kb.sbuf(n, FP32, parts, (1,))
                                                     for n in ("shifted", "nmean", "sqsum", "rstd"))
         # mean = x0 - sum(x0 - x) / C with x0 the row's first element: the sum runs over values the size of
@@ -263,8 +270,9 @@ def _layer_norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, pl
         last = tile is tiles[-1] and len(tiles) > 1 and copy is None and c >= PARTITIONS
         for c0, width in ((0, c // 2), (c // 2, c - c // 2)) if last else ((0, c),):
             t = whole.narrow(1, c0, width)
-            kb.emit("tensor_scalar", dst=t, src=tile["x"].narrow(1, c0, width), op0=AluOp.ADD,
-                    scalar0_ap=tile["nmean"], op1=AluOp.MUL, scalar1_ap=tile["rstd"])
+            normalize = dict(op0=AluOp.ADD, scalar0_ap=tile["nmean"], op1=AluOp.MUL, scalar1_ap=tile["rstd"]) \
+                if centered else dict(op0=AluOp.MUL, scalar0_ap=tile["rstd"])
+            kb.emit("tensor_scalar", dst=t, src=tile["x"].narrow(1, c0, width), **normalize)
             if copy is not None:
                 copy.add(tile, t)
             if only_copy:
@@ -336,15 +344,15 @@ def _columns(kb: TileBuilder, name: str, view: HbmView) -> Tile:
 
 def lower(kb: TileBuilder, kernel: ir.Kernel, views: dict[ir.Node, HbmView], out: HbmView,
           plan: ir.KernelPlan) -> Tile | None:
-    """Lower a softmax, log_softmax or layer_norm kernel (one node) over the last axis; returns the SBUF tile
+    """Lower a softmax, log_softmax, layer_norm or rms_norm kernel (one node) over the last axis; returns the SBUF tile
     of a transposed hand-over the plan asked for, when made."""
     node = kernel.output
     x = node.inputs[0]
     if math.prod(node.shape) == 0:
         return None
     rows = _Rows(kb, views[x], out)
-    if node.op == "layer_norm":
-        return _layer_norm(kb, kernel, views, rows, plan)
+    if node.op in ir.OPS_NORM:
+        return _norm(kb, kernel, views, rows, plan)
     if node.op in ("softmax", "log_softmax"):
         _softmax(kb, node, rows, log=node.op == "log_softmax")
         return None

@@ -1,0 +1,122 @@
+"""recognize: a normalization the model spells out op by op becomes the row-wise op that computes it whole.
+
+transformers' LlamaRMSNorm (and torch's own nn.RMSNorm, which export decomposes) reaches the IR as
+square -> sum over the last axis -> * 1/C -> + eps -> rsqrt -> x * that [-> weight * that]: three kernels
+(the squares and the product each go through HBM) where one row-wise kernel reads x once. This pass rewrites
+each match into `rms_norm(x [, weight])` (docs/ir.md), after simplify, whose CSE may have merged the mean of two
+norms of one x (each match recomputes it; the shared nodes go once unused).
+
+The match is exact in what it computes: the statistic in fp32 (the reduce keeps fp32), the product x * rstd
+rounded once, then the weight product rounded once, as eager's fp32 ops round them. An fp32 cast of a bf16 or
+fp16 x (LlamaRMSNorm's `.to(torch.float32)`) is exact, so the norm reads x itself. Anything else (another
+reader of the product, a weight that is not one value per feature) leaves the nodes as they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trnc import ir
+from trnc.isa.dtypes import DType
+from trnc.passes.graph.simplify import replace_uses
+
+WIDENS_EXACTLY = (DType.FP32, DType.BF16, DType.FP16)
+
+
+def _f32(value: float) -> np.float32:
+    return np.float32(value)
+
+
+def _other(n: ir.Node, one: ir.Node) -> ir.Node | None:
+    """The operand of binary n besides `one`, or None when `one` is not an operand."""
+    a, b = n.inputs
+    return b if a is one else a if b is one else None
+
+
+def _rstd_of(r: ir.Node) -> tuple[ir.Node, float] | None:
+    """(x, eps) when r is rsqrt(sum(square(x)) over x's last axis, kept, * 1/C + eps), all fp32; else None."""
+    if r.op != "unary" or r.attrs.get("func") != "rsqrt" or r.dtype != DType.FP32:
+        return None
+    add = r.inputs[0]
+    if add.op != "scalar" or add.attrs.get("op") != "add" or add.attrs.get("reverse") or add.dtype != DType.FP32:
+        return None
+    mean = add.inputs[0]
+    if mean.op != "scalar" or mean.attrs.get("reverse") or mean.dtype != DType.FP32:
+        return None
+    total = mean.inputs[0]
+    if total.op != "reduce" or total.attrs.get("op") != "sum" or total.attrs.get("abs") \
+            or not total.attrs.get("keepdim"):
+        return None
+    square = total.inputs[0]
+    if square.op != "unary" or square.attrs.get("func") != "square" or square.dtype != DType.FP32:
+        return None
+    x = square.inputs[0]
+    c = x.shape[-1] if x.shape else 0
+    if total.dtype != DType.FP32 or tuple(total.attrs.get("axes", ())) != (len(x.shape) - 1,) or c == 0:
+        return None
+    scale = {"mul": _f32(mean.attrs["value"]) == _f32(1 / c), "div": _f32(mean.attrs["value"]) == _f32(c)}
+    if not scale.get(mean.attrs.get("op")):
+        return None
+    return x, float(add.attrs["value"])
+
+
+def _norm_of(n: ir.Node) -> tuple[ir.Node, float] | None:
+    """(x, eps) when n = x * rstd(x) (either order), fp32 and of x's shape; else None."""
+    if n.op != "binary" or n.attrs.get("op") != "mul" or n.dtype != DType.FP32:
+        return None
+    for r in n.inputs:
+        found = _rstd_of(r)
+        if found is not None and _other(n, r) is found[0] and n.shape == found[0].shape:
+            return found
+    return None
+
+
+def _weight_of(n: ir.Node, norm: ir.Node, users: dict) -> ir.Node | None:
+    """The weight w when n = w * norm (either order) with w one fp32 value per feature and n norm's only reader."""
+    if n.op != "binary" or n.attrs.get("op") != "mul" or n.dtype != DType.FP32 or users[norm] != [n]:
+        return None
+    w = _other(n, norm)
+    if w is None or w is norm or w.dtype != DType.FP32 or n.shape != norm.shape:
+        return None
+    return w if w.shape == norm.shape[-1:] else None
+
+
+def _unwidened(x: ir.Node) -> ir.Node:
+    """x's source when x only widens it to fp32 exactly (bf16 or fp16 to fp32), else x."""
+    if x.op == "cast" and x.dtype == DType.FP32 and x.inputs[0].dtype in WIDENS_EXACTLY:
+        return x.inputs[0]
+    return x
+
+
+def recognize(graph: ir.Graph) -> dict:
+    """Rewrite every spelled-out RMS norm into an rms_norm node; count them."""
+    users = graph.users()
+    found = 0
+    for n in list(graph.nodes):
+        match = _norm_of(n)
+        if match is None:
+            continue
+        x, eps = match
+        reader = users[n][0] if len(users[n]) == 1 and n not in graph.outputs else None
+        weight = _weight_of(reader, n, users) if reader is not None else None
+        last = reader if weight is not None else n
+        inputs = (_unwidened(x),) + ((weight,) if weight is not None else ())
+        norm = ir.Node("rms_norm", inputs, last.shape, last.dtype, {"eps": eps, "has_weight": weight is not None},
+                       name=last.name, source=last.source, module=last.module)
+        graph.nodes.insert(graph.nodes.index(last), norm)
+        replace_uses(graph, last, norm)
+        found += 1
+        users = graph.users()
+    graph.prune()
+    return {"rms_norms": found}
+
+
+@dataclass(frozen=True)
+class Recognize:
+    """Spelled-out RMS norms into the row-wise rms_norm op."""
+
+    name: str = "recognize"
+
+    def run(self, state) -> dict:
+        return recognize(state.graph)
