@@ -1,21 +1,41 @@
-"""Test harness for kernels and backend passes: a small legalized graph with chosen kernels, compiled by the
-tile, allocate, schedule and emit passes, then run on the numpy reference and the JIT (bit-equal)."""
+"""Test harness for passes: a model through the graph passes up to one of them, its graph checked against eager;
+and a small legalized graph with chosen kernels, compiled by the tile, allocate, schedule and emit passes, then
+run on the numpy reference and the JIT (bit-equal)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from trnc import ir
+from trnc.capture import capture
+from trnc.interpret import run_graph
 from trnc.isa.config import get_target
 from trnc.passes.tile.allocate import Allocate
 from trnc.passes.tile.emit import Emit
 from trnc.options import Options
-from trnc.passes.pipeline import CompileState
+from trnc.passes.pipeline import PIPELINE, CompileState
 from trnc.passes.graph.plan import PlanKernels
 from trnc.passes.tile.schedule import Schedule
 from trnc.passes.tile.lower import LowerToTiles
 from trnc.passes.tile.prefetch import Prefetch
 from trnc.runtime import reference
 from trnc.runtime.jit import executor
+
+
+def through(last: str, model: torch.nn.Module, *inputs: torch.Tensor, tol: float) -> CompileState:
+    """The state after the pipeline's passes up to and including `last`; its graph computes what the model does
+    (outputs of eager's dtypes, values within `tol`)."""
+    graph, _ = capture(model.eval(), inputs)
+    state = CompileState(graph, Options(), get_target("trn2"))
+    for p in PIPELINE[:[p.name for p in PIPELINE].index(last) + 1]:
+        state.stats[p.name] = p.run(state)
+    with torch.no_grad():
+        expected = model(*inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for got, want in zip(run_graph(state.graph, list(inputs)), expected, strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    return state
 
 
 def inp(index: int, shape, dtype) -> ir.Node:

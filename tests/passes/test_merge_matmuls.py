@@ -6,13 +6,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from trnc.capture import capture
-from trnc.interpret import run_graph
-from trnc.isa.config import get_target
-from trnc.options import Options
-from trnc.passes.pipeline import PIPELINE, CompileState
+from trnc.passes.pipeline import CompileState
 
-UP_TO_MERGE = PIPELINE[:[p.name for p in PIPELINE].index("merge-matmuls") + 1]
+from harness import through
 
 
 class Projections(nn.Module):
@@ -35,16 +31,7 @@ class SharedLayers(Projections):
 
 def merged(model: nn.Module, *inputs: torch.Tensor) -> CompileState:
     """The state after merge-matmuls; its graph computes what the model does (checked here)."""
-    graph, _ = capture(model.eval(), inputs)
-    state = CompileState(graph, Options(), get_target("trn2"))
-    for p in UP_TO_MERGE:
-        state.stats[p.name] = p.run(state)
-    with torch.no_grad():
-        expected = model(*inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    for got, want in zip(run_graph(state.graph, list(inputs)), expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    return state
+    return through("merge-matmuls", model, *inputs, tol=1e-5)
 
 
 def matmuls(state: CompileState) -> list:

@@ -10,13 +10,9 @@ import torch
 from torch import nn
 
 import trnc
-from trnc.capture import capture
-from trnc.interpret import run_graph
-from trnc.isa.config import get_target
-from trnc.options import Options
-from trnc.passes.pipeline import PIPELINE, CompileState
+from trnc.passes.pipeline import CompileState
 
-UP_TO_RECOGNIZE = PIPELINE[:[p.name for p in PIPELINE].index("recognize") + 1]
+from harness import through
 
 
 class LlamaRMSNorm(nn.Module):
@@ -36,16 +32,7 @@ class LlamaRMSNorm(nn.Module):
 
 def recognized(model: nn.Module, *inputs: torch.Tensor, tol: float = 1e-5) -> CompileState:
     """The state after recognize; its graph computes what the model does (checked here within `tol`)."""
-    graph, _ = capture(model.eval(), inputs)
-    state = CompileState(graph, Options(), get_target("trn2"))
-    for p in UP_TO_RECOGNIZE:
-        state.stats[p.name] = p.run(state)
-    with torch.no_grad():
-        expected = model(*inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    for got, want in zip(run_graph(state.graph, list(inputs)), expected, strict=True):
-        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
-    return state
+    return through("recognize", model, *inputs, tol=tol)
 
 
 def nodes(state: CompileState, op: str) -> list:
