@@ -116,8 +116,8 @@ class KernelPlan:
     row_tiles: bool = False      # a neighbour is row-wise: a matmul works in tiles of 128 rows beside it
     keep: bool = False           # the result may stay in SBUF for the next kernel instead of going to HBM (a
                                  # window kernel's image: for every window kernel that reads it, reads_image;
-                                 # a layer norm's: only as the transposed copy)
-    transposed: bool = False     # a layer norm also leaves the next matmul its result's transpose in SBUF
+                                 # a norm's: only as the transposed copy)
+    transposed: bool = False     # a norm also leaves the next matmul its result's transpose in SBUF
     feature_major: bool = False  # a matmul result [*batch, M, N] is stored as [N, *batch, M]
 
     def text(self) -> str:

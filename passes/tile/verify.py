@@ -11,7 +11,7 @@ legal program that computes garbage). So between tile, allocate and schedule thi
 - order: every buffer is written before it is read;
 - hand-overs: a kept tile or transposed copy is an SBUF tile of the tensor's shape, written by one
   kernel whose plan asked for it, read only by the next; a kept tensor (and a transposed one whose
-  layer norm keeps it, storing nothing) is never accessed in HBM; a resident
+  norm keeps it, storing nothing) is never accessed in HBM; a resident
   image likewise, read only by the kernels that read the producer's result;
 - schedule: every tile instruction was scheduled once.
 """

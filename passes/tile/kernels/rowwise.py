@@ -292,7 +292,7 @@ def _norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, plan: ir
 
 
 class _TransposedCopy:
-    """The transpose of a layer norm's result in SBUF for the next matmul (plan.py hands_transpose_on_chip):
+    """The transpose of a norm's result (layer or RMS) in SBUF for the next matmul (plan.py hands_transpose_on_chip):
     one [128, C / 128, R] tile, column c on partition c % 128, in block c // 128, which lower.py registers in
     the program's `transposed`. Each normalized fp32 row tile goes through TensorE in [128, 128] blocks (bits
     moved exactly) and the weight and bias, now per-partition operands, are applied as each block leaves
