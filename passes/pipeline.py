@@ -71,7 +71,7 @@ PIPELINE = (
     Legalize(),        # Core ATen -> the trnc op set (ir.TRNC_OPS)
     FoldConstants(),   # nodes of constants only (masks, rotary tables, reshaped weights) computed now
     Simplify(),        # CSE; reshapes sunk below elementwise ops so fusion sees through them
-    Recognize(),       # spelled-out RMS norms into the row-wise rms_norm op
+    Recognize(),       # spelled-out RMS norms into the row-wise rms_norm op, tanh GELUs into gelu_tanh
     MergeMatmuls(),    # sibling matmuls of one input (Q, K, V) into one wider matmul
     Quantize(),        # precision="fp8": weights' matmuls to fp8 operands scaled per tensor
     Fuse(),            # kernels: matmul epilogues, elementwise chains, row-wise ops

@@ -229,8 +229,7 @@ def _copy(n, x):
 EVAL = {
     "unary": _unary, "binary": _binary, "scalar": _scalar, "where": _where, "cast": _cast, "reduce": _reduce,
     "softmax": _softmax, "log_softmax": _log_softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm,
-    "matmul": _matmul,
-    "matmul_mx": _matmul_mx,
+    "matmul": _matmul, "matmul_mx": _matmul_mx,
     "attention": _attention, "conv": _conv, "pool": _pool, "gather": _gather, "reshape": _reshape,
     "permute": _permute, "expand": _expand, "slice": _slice, "cat": _cat, "copy": _copy,
 }

@@ -8,8 +8,9 @@ square -> sum over the last axis -> * 1/C -> + eps -> rsqrt -> x * that [-> weig
 each match into `rms_norm(x [, weight])` (docs/ir.md), after simplify, whose CSE may have merged the mean of two
 norms of one x (each match recomputes it; the shared nodes go once unused).
 
-The match is exact in what it computes: the statistic in fp32 (the reduce keeps fp32), the product x * rstd
-rounded once, then the weight product rounded once, as eager's fp32 ops round them. An fp32 cast of a bf16 or
+The match keeps where eager rounds: the statistic in fp32 (the reduce keeps fp32; the kernel scales the sum by
+fp32(1/C), which can differ in its last bit from a division by C), the product x * rstd rounded once, then the
+weight product rounded once. An fp32 cast of a bf16 or
 fp16 x (LlamaRMSNorm's `.to(torch.float32)`) is exact, so the norm reads x itself. Anything else (another
 reader of the product, a weight that is not one value per feature) leaves the nodes as they are.
 
@@ -48,13 +49,11 @@ def _rstd_of(r: ir.Node) -> tuple[ir.Node, float] | None:
     if r.op != "unary" or r.attrs.get("func") != "rsqrt" or r.dtype != DType.FP32:
         return None
     add = r.inputs[0]
-    if add.op != "scalar" or add.attrs.get("op") != "add" or add.attrs.get("reverse") or add.dtype != DType.FP32:
+    mean = _scalar_of(add, "add")
+    if mean is None or mean.attrs.get("op") not in ("mul", "div"):
         return None
-    mean = add.inputs[0]
-    if mean.op != "scalar" or mean.attrs.get("reverse") or mean.dtype != DType.FP32:
-        return None
-    total = mean.inputs[0]
-    if total.op != "reduce" or total.attrs.get("op") != "sum" or total.attrs.get("abs") \
+    total = _scalar_of(mean, mean.attrs["op"])
+    if total is None or total.op != "reduce" or total.attrs.get("op") != "sum" or total.attrs.get("abs") \
             or not total.attrs.get("keepdim"):
         return None
     square = total.inputs[0]
@@ -64,10 +63,8 @@ def _rstd_of(r: ir.Node) -> tuple[ir.Node, float] | None:
     c = x.shape[-1] if x.shape else 0
     if total.dtype != DType.FP32 or tuple(total.attrs.get("axes", ())) != (len(x.shape) - 1,) or c == 0:
         return None
-    scale = {"mul": _f32(mean.attrs["value"]) == _f32(1 / c), "div": _f32(mean.attrs["value"]) == _f32(c)}
-    if not scale.get(mean.attrs.get("op")):
-        return None
-    return x, float(add.attrs["value"])
+    mean_of_sum = 1 / c if mean.attrs["op"] == "mul" else c   # * 1/C or / C
+    return (x, float(add.attrs["value"])) if _f32(mean.attrs["value"]) == _f32(mean_of_sum) else None
 
 
 def _norm_of(n: ir.Node) -> tuple[ir.Node, float] | None:
@@ -83,9 +80,7 @@ def _norm_of(n: ir.Node) -> tuple[ir.Node, float] | None:
 
 def _weight_of(n: ir.Node, norm: ir.Node, users: dict) -> ir.Node | None:
     """The weight w when n = w * norm (either order) with w one fp32 value per feature and n norm's only reader."""
-    if n.op != "binary" or n.attrs.get("op") != "mul" or n.dtype != DType.FP32 or users[norm] != [n]:
-        return None
-    w = _other(n, norm)
+    w = _binary_with(n, "mul", norm) if users[norm] == [n] else None
     if w is None or w is norm or w.dtype != DType.FP32 or n.shape != norm.shape:
         return None
     return w if w.shape == norm.shape[-1:] else None
@@ -98,10 +93,10 @@ def _unwidened(x: ir.Node) -> ir.Node:
     return x
 
 
-def _scalar_of(n: ir.Node, op: str, value: float) -> ir.Node | None:
-    """x when n = x op value (fp32, value equal in fp32), else None."""
+def _scalar_of(n: ir.Node, op: str, value: float | None = None) -> ir.Node | None:
+    """x when n = x op v (fp32, not reversed; v equal to `value` in fp32 when one is given), else None."""
     if n.op != "scalar" or n.attrs.get("op") != op or n.attrs.get("reverse") or n.dtype != DType.FP32 \
-            or _f32(n.attrs["value"]) != _f32(value):
+            or (value is not None and _f32(n.attrs["value"]) != _f32(value)):
         return None
     return n.inputs[0]
 

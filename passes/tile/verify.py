@@ -144,6 +144,7 @@ def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
     if not tp.kept and not tp.transposed and not tp.resident:
         return []
     problems = []
+    readers = graph.users() if graph is not None else {}
     touched, kernels_of = set(), {}
     for ins in tp.instrs:
         for v in ins.fields.values():
@@ -162,7 +163,7 @@ def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
             if tensor in touched and (what == "kept" or _owner_keeps(graph, kernels_of.get(t.buffer, set()))):
                 problems.append(f"{decl.name} is kept in SBUF but instructions access it in HBM")
             if graph is not None:
-                problems += _kernel_problems(graph, what, t.buffer, kernels_of.get(t.buffer, set()))
+                problems += _kernel_problems(graph, readers, what, t.buffer, kernels_of.get(t.buffer, set()))
     for tensor, t in tp.resident.items():
         decl = tp.tensors[tensor]
         batch, channels, height, width = decl.shape
@@ -173,33 +174,38 @@ def _hand_over_problems(tp: TileProgram, graph: ir.Graph | None) -> list[str]:
         if tensor in touched:
             problems.append(f"{decl.name} is a resident image but instructions access it in HBM")
         if graph is not None:
-            problems += _reader_problems(graph, t.buffer, kernels_of.get(t.buffer, set()))
+            problems += _reader_problems(graph, readers, t.buffer, kernels_of.get(t.buffer, set()))
     return problems
 
 
-def _owner_keeps(graph: ir.Graph | None, users: set) -> bool:
+def _owner(kernels: set) -> int | None:
+    """The kernel that writes a hand-over's buffer: the first of the kernels that use it."""
+    return min((k for k in kernels if k is not None), default=None)
+
+
+def _owner_keeps(graph: ir.Graph | None, kernels: set) -> bool:
     """Whether the kernel that writes a transposed copy keeps its result on chip only (no HBM store to read)."""
-    owner = min((k for k in users if k is not None), default=None)
+    owner = _owner(kernels)
     return graph is not None and owner is not None and graph.kernels[owner].plan.keep
 
 
-def _reader_problems(graph: ir.Graph, buf: Buffer, users: set) -> list[str]:
+def _reader_problems(graph: ir.Graph, readers: dict, buf: Buffer, kernels: set) -> list[str]:
     """The kernel that writes a resident image planned it, and only the kernels reading its result also use it."""
-    owner = min((k for k in users if k is not None), default=None)
+    owner = _owner(kernels)
     if owner is None or not graph.kernels[owner].plan.keep:
         return [f"resident image {buf} of kernel k{owner}, whose plan does not ask for it"]
     kernel_of = {n: i for i, k in enumerate(graph.kernels) for n in k.nodes}
-    readers = {kernel_of[u] for u in graph.users()[graph.kernels[owner].output]}
-    strangers = set(users) - readers - {owner}
+    reading = {kernel_of[u] for u in readers[graph.kernels[owner].output]}
+    strangers = set(kernels) - reading - {owner}
     return [f"resident image {buf} of kernel k{owner} is used by kernels {sorted(strangers, key=str)}, which do "
             "not read it"] if strangers else []
 
 
-def _kernel_problems(graph: ir.Graph, what: str, buf: Buffer, users: set) -> list[str]:
+def _kernel_problems(graph: ir.Graph, readers: dict, what: str, buf: Buffer, kernels: set) -> list[str]:
     """The kernel that writes a hand-over's buffer planned it, and only the kernel it hands over to also reads it."""
-    owner = min((k for k in users if k is not None), default=None)
-    if owner is None or set(users) - {owner, ir.hand_over_reader(graph, owner, graph.users())[0]}:
-        return [f"{what} tile {buf} is used by kernels {sorted(users, key=str)}, not one kernel and its reader"]
+    owner = _owner(kernels)
+    if owner is None or set(kernels) - {owner, ir.hand_over_reader(graph, owner, readers)[0]}:
+        return [f"{what} tile {buf} is used by kernels {sorted(kernels, key=str)}, not one kernel and its reader"]
     plan = graph.kernels[owner].plan
     asked = plan is not None and (plan.keep if what == "kept" else plan.transposed)
     return [] if asked else [f"{what} tile {buf} of kernel k{owner}, whose plan does not ask for it"]

@@ -70,9 +70,9 @@ class KernelCache:
     def key(self, name: str) -> str:
         return hashlib.sha256(self._salt + name.encode()).hexdigest()
 
-    def object_code(self, name: str, build: Callable[[], str], what: str = "kernel") -> bytes:
-        """The object code of the module named `name` (a kernel signature's text; with the sources, it determines
-        the module), from `build`'s IR text on a miss; `what` names it in a TRNC_ASSERT_CACHED error."""
+    def object_code(self, name: str, build: Callable[[], str]) -> bytes:
+        """The object code of the module named `name` ("kernel " and its signature's text, "driver" or "parallel
+        driver"; with the sources, the name determines the module), from `build`'s IR text on a miss."""
         key = self.key(name)
         obj = self._memory.get(key)
         if obj is not None:
@@ -84,7 +84,7 @@ class KernelCache:
             self.stats.disk_hits += 1
         else:
             if flags.get("TRNC_ASSERT_CACHED"):
-                raise TrncError(f"TRNC_ASSERT_CACHED=1 but {what} (cache key {key[:16]}) is in neither the memory "
+                raise TrncError(f"TRNC_ASSERT_CACHED=1 but {name} (cache key {key[:16]}) is in neither the memory "
                                 "nor the disk cache; run once with TRNC_ASSERT_CACHED=0 to fill the cache")
             self.stats.misses += 1
             obj = self.codegen.compile(build())

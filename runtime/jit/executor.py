@@ -80,22 +80,20 @@ class Kernels:
     def object_code(self, sig: KernelSig) -> bytes:
         obj = self._objects.get(sig)
         if obj is None:
-            obj = self._objects[sig] = self.cache.object_code(f"kernel {sig.text}", partial(build_kernel, sig),
-                                                              what=f"kernel {sig.text}")
+            obj = self._objects[sig] = self.cache.object_code(f"kernel {sig.text}", partial(build_kernel, sig))
         return obj
 
     def driver(self) -> bytes:
         """The object code of the driver loop (compiled or fetched once per process)."""
         if self._driver is None:
-            self._driver = self.cache.object_code("driver", driver_ir, what="the driver")
+            self._driver = self.cache.object_code("driver", driver_ir)
         return self._driver
 
     def worker(self) -> bytes:
         """The object code of the parallel driver's worker loop (runtime/jit/parallel.py)."""
         if self._worker is None:
             parallel.declare_runtime_symbols()
-            self._worker = self.cache.object_code("parallel driver", partial(parallel.worker_ir, self.codegen.triple),
-                                                  what="the parallel driver")
+            self._worker = self.cache.object_code("parallel driver", partial(parallel.worker_ir, self.codegen.triple))
         return self._worker
 
     @property

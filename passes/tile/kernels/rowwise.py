@@ -264,7 +264,7 @@ def _norm(kb: TileBuilder, kernel: ir.Kernel, views: dict, rows: _Rows, plan: ir
         steps = [(AluOp.MUL, t.narrow(0, 0, parts)) for t in (w,) if t is not None] + \
                 [(AluOp.ADD, t.narrow(0, 0, parts)) for t in (b,) if t is not None]
         stochastic = engines.stochastic(kb, y.dtype)    # the last step into t (fp32), then engines.write
-        whole = kb.sbuf("t", FP32, parts, (c,)) if steps or stochastic or (only_copy and scaled) else y
+        whole = kb.sbuf("t", FP32, parts, (c,)) if scaled or stochastic else y
         # the kernel's last row tile goes in column halves: two engines share its passes, and the first half
         # stores while the second computes (the kernel's tail after its last statistics is shorter)
         last = tile is tiles[-1] and len(tiles) > 1 and copy is None and c >= PARTITIONS
