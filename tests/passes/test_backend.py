@@ -60,12 +60,24 @@ def test_no_wait_is_implied_by_another():
         assert len({s for s, _ in ins.waits}) == len(ins.waits)   # at most one wait per semaphore
 
 
-def test_freed_space_is_reused_late():
+def test_freed_space_is_reused_late_within_a_ring():
     tp = _exp_program(8)
     allocate.place(tp)
-    offsets = [b.offset for b in tp.buffers]
-    # next-fit: consecutive tiles take fresh addresses instead of the space just freed
-    assert len(set(offsets[:8])) == 8
+    offsets = [b.offset for b in tp.buffers]   # a0, b0, a1, b1, ...: 1 KiB each, at most two live at once
+    ring = allocate.RING_SLACK * 2 * 1024
+    assert len(set(offsets)) < len(offsets)                   # space is reused ...
+    assert all(offset + 1024 <= ring for offset in offsets)   # ... within the ring, not round all of SBUF
+    for t in range(1, 8):   # ... and not the space the previous tile has just freed
+        assert not {offsets[2 * t], offsets[2 * t + 1]} & {offsets[2 * t - 2], offsets[2 * t - 1]}
+
+
+def test_a_buffer_that_fits_nowhere_in_the_ring_goes_past_it():
+    arena = allocate._NextFit(10, 4)
+    assert arena.place(3) == 0
+    assert arena.place(3) == 3      # [3, 6) is past the ring, the only place it fits
+    arena.release(0, 3)
+    assert arena.place(2) == 0      # the cursor (6) is past the ring: back to its start
+    assert arena.place(5) is None   # 1 + 4 free bytes, none contiguous enough
 
 
 def test_sbuf_overflow_names_the_buffer():
