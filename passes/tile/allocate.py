@@ -106,11 +106,11 @@ def place(program: TileProgram) -> dict[str, int]:
     life = lifetimes(program)
     hw = program.hw
     align = {Mem.SBUF: SBUF_ALIGN, Mem.PSUM: PSUM_BANK_BYTES}
-    sbuf_ring = _align(int(RING_SLACK * _peak_live(life, Mem.SBUF, SBUF_ALIGN)), SBUF_ALIGN)
-    arenas = {Mem.SBUF: _NextFit(hw.sbuf_bytes_per_partition, min(hw.sbuf_bytes_per_partition, sbuf_ring)),
-              Mem.PSUM: _NextFit(PSUM_BANKS * PSUM_BANK_BYTES, PSUM_BANKS * PSUM_BANK_BYTES)}
+    peak = {mem: _peak_live(life, mem, align[mem]) for mem in (Mem.SBUF, Mem.PSUM)}
+    sbuf, psum = hw.sbuf_bytes_per_partition, PSUM_BANKS * PSUM_BANK_BYTES
+    arenas = {Mem.SBUF: _NextFit(sbuf, min(sbuf, _align(int(RING_SLACK * peak[Mem.SBUF]), SBUF_ALIGN))),
+              Mem.PSUM: _NextFit(psum, psum)}
     used = {Mem.SBUF: 0, Mem.PSUM: 0}
-    peak = {Mem.SBUF: 0, Mem.PSUM: 0}
     ending: list[tuple[int, int, Buffer]] = []   # heap of (last use, tie-break, buffer)
     for n, buf in enumerate(sorted(life, key=lambda b: life[b][0])):
         first, last = life[buf]
@@ -130,7 +130,6 @@ def place(program: TileProgram) -> dict[str, int]:
                             f"{buf.name.split('.')[0]} is too large for {hw.name}")
         buf.offset = offset
         used[buf.mem] += size
-        peak[buf.mem] = max(peak[buf.mem], used[buf.mem])
         heapq.heappush(ending, (last, n, buf))
     for buf in program.buffers:
         if buf.offset is None:
