@@ -63,8 +63,8 @@ def _rstd_of(r: ir.Node) -> tuple[ir.Node, float] | None:
     c = x.shape[-1] if x.shape else 0
     if total.dtype != DType.FP32 or tuple(total.attrs.get("axes", ())) != (len(x.shape) - 1,) or c == 0:
         return None
-    mean_of_sum = 1 / c if mean.attrs["op"] == "mul" else c   # * 1/C or / C
-    return (x, float(add.attrs["value"])) if _f32(mean.attrs["value"]) == _f32(mean_of_sum) else None
+    expected = 1 / c if mean.attrs["op"] == "mul" else c   # the scalar of "* 1/C" or "/ C"
+    return (x, float(add.attrs["value"])) if _f32(mean.attrs["value"]) == _f32(expected) else None
 
 
 def _norm_of(n: ir.Node) -> tuple[ir.Node, float] | None:

@@ -3,6 +3,7 @@ hands out, checked against liveness computed here from the instructions, not fro
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -134,11 +135,8 @@ def test_freed_space_is_reused_late_within_a_ring():
     sbuf = sorted((b for b in life if b.mem is Mem.SBUF), key=lambda b: life[b][0])
     assert sum(aligned(b, hw) for b in sbuf) > ring   # the cursor comes round
     assert all(b.offset + b.nbytes <= ring for b in sbuf)
-    first_round = []
-    for b in sbuf:
-        if sum(aligned(a, hw) for a in first_round) + aligned(b, hw) > ring:
-            break
-        first_round.append(b)
+    ends = itertools.accumulate(aligned(b, hw) for b in sbuf)   # where each would end with no reuse
+    first_round = [b for b, end in zip(sbuf, ends) if end <= ring]
     assert any(life[a][1] < life[b][0] for a in first_round for b in first_round)   # could have shared an address
     spans = sorted((b.offset, b.offset + b.nbytes) for b in first_round)
     assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
