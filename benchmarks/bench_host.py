@@ -12,6 +12,10 @@ compiler's own output), in microseconds per instruction (goal: together at most 
 program). `--load-at-scale` adds that program: BERT-large (24 layers, hidden 1024) at seq 512, 95k
 instructions, compiled once (about 75 s) for the load figures only.
 
+Floor, per model and precision: the host profile of one serial run (`CompiledModel.host_profile`), the sum of
+each step's time run again at once (its data in cache), against the one-thread eager time: a run of the program
+one instruction at a time takes at least that long, so a ratio above 1.0 puts 1.0x out of that run's reach.
+
 Models (random weights, no downloads): GPT-2 (4 layers, hidden 512, 8 heads, seq 256), BERT-base (12 layers,
 seq 128), a Llama-style decoder (one layer, hidden 1024, 16 heads of which 4 key-value, MLP 2816, seq 256),
 torchvision's ResNet-50 at 1x3x224x224.
@@ -110,8 +114,22 @@ def bench_model(name: str, rounds: int) -> list[str]:
             got, eager = best_of(rounds, run_trnc, run_eager)
             rows.append(f"| {name} | {precision} | {n} | {threads} | {got * 1e3:.1f} | {eager * 1e3:.1f} | "
                         f"{got / eager:.2f}x |")
+            if threads == 1:
+                rows.append(floor_row(name, precision, compiled, inputs, eager, max(1, rounds // 3)))
         rows.append(load_row(name, precision, program, max(1, rounds // 3)))
     return rows
+
+
+def floor_row(name: str, precision: str, compiled, inputs, eager: float, rounds: int) -> str:
+    """The host profile's floor at one thread (runtime/jit/host_profile.py): the sum of every step's time run
+    again at once, its data in cache, as the least any run of the program one instruction at a time can take;
+    the best of `rounds` profiles, against the eager time of the row above."""
+    with torch.no_grad():
+        profiles = [compiled.host_profile(*inputs) for _ in range(rounds)]
+    again = min(p.again_total for p in profiles)
+    reached = min(p.total for p in profiles)
+    return (f"| {name} | {precision} | {len(compiled.program.instructions)} | floor | steps again {again * 1e3:.1f} "
+            f"ms | steps as reached {reached * 1e3:.1f} ms | again / eager {again / eager:.2f}x |")
 
 
 def load_row(name: str, precision: str, program, rounds: int) -> str:

@@ -52,6 +52,17 @@ def test_run_gemm_matches_torch(tmp_path):
     assert np.all(np.abs(c - expect) <= bound)
 
 
+def test_run_host_profile_prints_the_host_time_per_opcode():
+    out = trnc("run", GEMM, "--host-profile")
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("host profile")[1].splitlines()[1:]
+    assert table[0].split() == ["opcode", "instrs", "host", "ms", "share", "again", "ms"]
+    counts = {line.split()[0]: int(line.split()[1]) for line in table[1:]}
+    assert counts == {"matmul": 2, "dma_copy": 5, "activation": 1, "total": 8}   # examples/gemm.s's instructions
+    wrong = trnc("run", GEMM, "--host-profile", "--engine", "reference")
+    assert wrong.returncode == 2 and "--host-profile times the JIT" in wrong.stderr
+
+
 def test_verify_reports_a_broken_rule(tmp_path):
     bad = GEMM.read_text().replace("wait=s4>=1 signal=s5", "signal=s5")  # evacuation no longer waits for pe
     (tmp_path / "race.s").write_text(bad)

@@ -93,9 +93,13 @@ def test_run_matches_load_and_eager(mlp, tmp_path, cache):
     eager = runpy.run_path(str(MLP))
     x = torch.randn(eager["example_inputs"][0].shape, generator=torch.Generator().manual_seed(3))
     np.save(tmp_path / "x.npy", x.numpy())
-    done = trnc_cli("run", path, "--inputs", tmp_path / "x.npy", "--save-outputs", tmp_path / "out", cache=cache)
+    done = trnc_cli("run", path, "--inputs", tmp_path / "x.npy", "--save-outputs", tmp_path / "out", "--host-profile",
+                    cache=cache)
     assert done.returncode == 0, done.stderr
     assert "host time" in done.stdout and "float32 [64, 256]" in done.stdout
+    program = trnc.load(path).program
+    total = done.stdout.split("host profile")[1].splitlines()[-1].split()
+    assert total[:2] == ["total", str(len(program.instructions))]   # the profile ran the whole program
     got = torch.from_numpy(np.load(tmp_path / "out" / "out0.npy"))
     with flags.override(TRNC_CACHE_DIR=cache):
         assert torch.equal(got, trnc.load(path)(x))

@@ -208,11 +208,19 @@ class CompiledModel:
             flat.append(tensor_of(value, decl.dtype).reshape(value.shape).to(torch_dtype))
         return pytree.tree_unflatten(flat, self.info.out_spec) if self.info.out_spec is not None else tuple(flat)
 
-    def __call__(self, *args, **kwargs):
+    def _loaded(self):
         if self._jit is None:
             from trnc.runtime.jit import executor
             self._jit = executor.load(self.program, verified=True)
-        return self._result(self._jit.run(self._feed(args, kwargs)))
+        return self._jit
+
+    def __call__(self, *args, **kwargs):
+        return self._result(self._loaded().run(self._feed(args, kwargs)))
+
+    def host_profile(self, *args, **kwargs):
+        """Where the JIT's host time goes on these inputs: one serial run with each instruction timed as the run
+        reaches it and again at once (runtime/jit/host_profile.py; `.table()` prints it per opcode)."""
+        return self._loaded().host_profile(self._feed(args, kwargs))
 
     def run_reference(self, *args, **kwargs):
         """Execute on the numpy reference interpreter (slow; the JIT must agree with it bit for bit)."""

@@ -31,6 +31,7 @@ takes fresh ones.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from collections.abc import Mapping
@@ -52,7 +53,7 @@ from trnc.isa.races import byte_addresses
 from trnc.isa.verify import verify
 from trnc import flags
 from trnc.runtime.jit import kernels_move, kernels_pe, kernels_reduce, kernels_vector  # noqa: F401  (lowerings)
-from trnc.runtime.jit import clearing, parallel, split
+from trnc.runtime.jit import clearing, host_profile, parallel, split
 from trnc.runtime.jit.cache import KernelCache
 from trnc.runtime.jit.codegen import Codegen, codegen
 from trnc.runtime.jit.library import Library
@@ -333,6 +334,28 @@ class JitProgram:
 
     def run(self, inputs: Mapping[str, object], fill_nan: bool = False) -> dict[str, np.ndarray]:
         """Execute on `inputs` (numpy arrays or torch tensors by name); return the output tensors."""
+        with self._memories(inputs, fill_nan) as (mems, outputs):
+            self._call(mems)
+        return outputs
+
+    def host_profile(self, inputs: Mapping[str, object]) -> host_profile.HostProfile:
+        """One serial run with every step timed as the run reaches it and again at once (runtime/jit/
+        host_profile.py); its outputs are dropped."""
+        with self._memories(inputs, False) as (mems, _):
+            stage = np.zeros(max(self.stage_bytes, 1), dtype=np.uint8)
+            bases = np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64)
+            status = np.zeros(4, dtype=np.int64)
+            first, again, code = host_profile.timed_steps(self._driver, self._serial.table, bases, status)
+        if code:
+            raise self._fault(self._serial.owners, code, status)
+        n, owners = len(self.program.instructions), self._serial.owners
+        opcodes = tuple(str(ins.opcode) for ins in self.program.instructions)
+        return host_profile.HostProfile(opcodes, np.bincount(owners, first, minlength=n),
+                                        np.bincount(owners, again, minlength=n))
+
+    @contextlib.contextmanager
+    def _memories(self, inputs: Mapping[str, object], fill_nan: bool):
+        """(the memories of a run, its output arrays by name), from the inputs, the kept or new buffers."""
         program = self.program
         bound = {t.name for t in program.tensors if t.kind in BOUND_KINDS}
         missing, unknown = sorted(bound - set(inputs)), sorted(set(inputs) - bound)
@@ -352,11 +375,10 @@ class JitProgram:
                     mems.append(outputs.setdefault(decl.name, np.zeros(decl.shape, dtype=decl.dtype.storage)))
                 else:
                     mems.append(next(scratch))
-            self._call(mems)
+            yield mems, outputs
         finally:
             if keep:
                 self._kept_lock.release()
-        return outputs
 
     def _cleared(self, fill: int, keep: bool) -> tuple[np.ndarray, ...]:
         """SBUF and PSUM filled with `fill` and zeroed scratch tensors: the kept ones (with `keep`), else new ones.

@@ -109,6 +109,9 @@ def drive_run(args) -> int:
           f"(efficiency {model.stats['efficiency']:.1%})")
     if args.trace:
         write_trace(args.trace, model.program, model.perf)
+    if args.host_profile:
+        from trnc.cli.program_cmds import print_host_profile
+        print_host_profile(model.host_profile(*inputs))
     return 0
 
 

@@ -101,6 +101,8 @@ def drive_run(args) -> int:
 
     from trnc.runtime import perf, reference
     from trnc.runtime.jit import executor
+    if args.host_profile and args.engine != "jit":
+        raise TrncError("--host-profile times the JIT's run: it does not go with --engine reference")
     if artifact_cmds.is_artifact(args.file):   # a compiled model: inputs by position, outputs by structure
         return artifact_cmds.drive_run(args)
     if args.inputs:
@@ -112,7 +114,8 @@ def drive_run(args) -> int:
     inputs = _load_inputs(program, args.input or [], args.seed)
     started = time.perf_counter()
     if args.engine == "jit":
-        outputs = executor.run(program, inputs, hw=hw, fill_nan=args.fill_nan, verified=True)
+        jit = executor.load(program, hw=hw, verified=True)
+        outputs = jit.run(inputs, fill_nan=args.fill_nan)
     else:
         outputs = reference.run(program, inputs, hw=hw, fill_nan=args.fill_nan, verified=True)
     host_seconds = time.perf_counter() - started
@@ -135,7 +138,15 @@ def drive_run(args) -> int:
         if args.save_outputs:
             Path(args.save_outputs).mkdir(parents=True, exist_ok=True)
             np.save(Path(args.save_outputs) / f"{name}.npy", value)
+    if args.host_profile:
+        print_host_profile(jit.host_profile(inputs))
     return 0
+
+
+def print_host_profile(profile) -> None:
+    """The host time per opcode of a profiled run (runtime/jit/host_profile.py)."""
+    print("\nhost profile (one serial run; 'again': each step rerun at once, its data in cache):")
+    print(profile.table())
 
 
 def drive_profile(args) -> int:
@@ -190,6 +201,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--engine", choices=("jit", "reference"), default="jit",
                    help="what executes the program: the llvmlite JIT or the numpy reference. Defaults to jit.")
     p.add_argument("--trace", metavar="FILE.json", help="write the modeled timeline as a Chrome/Perfetto trace.")
+    p.add_argument("--host-profile", action="store_true",
+                   help="jit: also time each instruction of one serial run, as reached and again at once, and "
+                        "print the host time per opcode.")
     p.set_defaults(drive=drive_run)
 
     p = sub.add_parser("profile", help="print the modeled counters of a .trnc artifact or a program: time, "
