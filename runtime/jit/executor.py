@@ -342,9 +342,7 @@ class JitProgram:
         """One serial run with every step timed as the run reaches it and again at once (runtime/jit/
         host_profile.py); its outputs are dropped."""
         with self._memories(inputs, False) as (mems, _):
-            stage = np.zeros(max(self.stage_bytes, 1), dtype=np.uint8)
-            bases = np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64)
-            status = np.zeros(4, dtype=np.int64)
+            stages, (bases,), (status,) = self._native_args(mems, 1)
             first, again, code = host_profile.timed_steps(self._driver, self._serial.table, bases, status)
         if code:
             raise self._fault(self._serial.owners, code, status)
@@ -457,9 +455,7 @@ class JitProgram:
             if schedule.queues < 2 and not schedule.split:
                 threads = 1   # one queue and nothing split: nothing to run concurrently
         driven = self._serial if threads == 1 else driven
-        stages = [np.zeros(max(self.stage_bytes, 1), dtype=np.uint8) for _ in range(threads)]   # live to the end
-        bases = [np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64) for stage in stages]
-        statuses = [np.zeros(4, dtype=np.int64) for _ in range(threads)]
+        stages, bases, statuses = self._native_args(mems, threads)   # stages: live to the end
         if threads == 1:
             codes = [self._driver(driven.table.ctypes.data, len(driven.table), bases[0].ctypes.data,
                                   statuses[0].ctypes.data)]
@@ -472,6 +468,13 @@ class JitProgram:
         if faults:
             _, code, status = min(faults, key=lambda f: f[0])   # the first in the serial order
             raise self._fault(driven.owners, code, status)
+
+    def _native_args(self, mems: list[np.ndarray], threads: int) -> tuple[list[np.ndarray], ...]:
+        """Per thread: a staging buffer (the caller keeps it alive while the drivers run), the base addresses of
+        the memories and of that buffer, and a status block."""
+        stages = [np.zeros(max(self.stage_bytes, 1), dtype=np.uint8) for _ in range(threads)]
+        bases = [np.array([m.ctypes.data for m in (*mems, stage)], dtype=np.uint64) for stage in stages]
+        return stages, bases, [np.zeros(4, dtype=np.int64) for _ in range(threads)]
 
     def _bind(self, index: int, value) -> np.ndarray:
         """The array holding input/constant tensor `index`: the caller's when usable in place, else a copy."""
