@@ -110,7 +110,6 @@ def drive_run(args) -> int:
     if args.trace:
         write_trace(args.trace, model.program, model.perf)
     if args.host_profile:
-        from trnc.cli.program_cmds import print_host_profile
         print_host_profile(model.host_profile(*inputs))
     return 0
 
@@ -127,6 +126,12 @@ def drive_profile(args) -> int:
     if args.trace:
         write_trace(args.trace, model.program, model.perf)
     return 0
+
+
+def print_host_profile(profile) -> None:
+    """The host time per opcode of a profiled run (runtime/jit/host_profile.py)."""
+    print("\nhost profile (one serial run; 'again': each step rerun at once, its data in cache):")
+    print(profile.table())
 
 
 def write_trace(path: str, program, report) -> None:

@@ -139,14 +139,8 @@ def drive_run(args) -> int:
             Path(args.save_outputs).mkdir(parents=True, exist_ok=True)
             np.save(Path(args.save_outputs) / f"{name}.npy", value)
     if args.host_profile:
-        print_host_profile(jit.host_profile(inputs))
+        artifact_cmds.print_host_profile(jit.host_profile(inputs))
     return 0
-
-
-def print_host_profile(profile) -> None:
-    """The host time per opcode of a profiled run (runtime/jit/host_profile.py)."""
-    print("\nhost profile (one serial run; 'again': each step rerun at once, its data in cache):")
-    print(profile.table())
 
 
 def drive_profile(args) -> int:
