@@ -7,11 +7,11 @@ would take if no step ever waited for memory beyond the caches, so a floor for a
 instruction at a time (benchmarks/bench_host.py compares it with eager PyTorch).
 
 Running a step twice leaves its results twice applied (an accumulating matmul adds twice), so the values the
-later steps see differ from a plain run's and the run's outputs are dropped; a kernel's time does not depend on
-its values (no data-dependent branches; fp32 denormals are the one exception x86 has, and are rare here). A
-fault of a step as the run reaches it is the run's fault and is raised as `run` raises it; its second call
-cannot fault where the first did not, but any code it returns is ignored. Each call goes through ctypes, whose
-cost (the median of empty driver calls) is taken off every time.
+later steps see differ from a plain run's and the run's outputs are dropped; a kernel's time hardly depends on
+its values (no data-dependent branches; only subnormal results can cost more on x86). A fault of a step as the
+run reaches it is the run's fault and is raised as `run` raises it; a code the second call returns is ignored
+(a kernel checks an index before it moves any data, so memory stays safe). Each call goes through ctypes,
+whose cost (the median of empty driver calls) is taken off every time.
 """
 from __future__ import annotations
 
