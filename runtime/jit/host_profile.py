@@ -10,7 +10,7 @@ Running a step twice leaves its results twice applied (an accumulating matmul ad
 later steps see differ from a plain run's and the run's outputs are dropped; a kernel's time hardly depends on
 its values (no data-dependent branches; only subnormal results can cost more on x86). A fault of a step as the
 run reaches it is the run's fault and is raised as `run` raises it; a code the second call returns is ignored
-(a kernel checks an index before it moves any data, so memory stays safe). Each call goes through ctypes,
+(a kernel checks each index before it uses it, so memory stays safe). Each call goes through ctypes,
 whose cost (the median of empty driver calls) is taken off every time.
 """
 from __future__ import annotations
