@@ -96,7 +96,7 @@ def test_run_matches_load_and_eager(mlp, tmp_path, cache):
     done = trnc_cli("run", path, "--inputs", tmp_path / "x.npy", "--save-outputs", tmp_path / "out", "--host-profile",
                     cache=cache)
     assert done.returncode == 0, done.stderr
-    assert "host time" in done.stdout and "float32 [64, 256]" in done.stdout
+    assert "host time" in done.stdout and "(best of 3 calls)" in done.stdout and "float32 [64, 256]" in done.stdout
     program = trnc.load(path).program
     total = done.stdout.split("host profile")[1].splitlines()[-1].split()
     assert total[:2] == ["total", str(len(program.instructions))]   # the profile ran the whole program
