@@ -42,12 +42,11 @@ class HostProfile:
 
     def by_opcode(self) -> list[tuple[str, int, float, float]]:
         """(opcode, instructions, seconds, seconds again) per opcode, the most time first."""
-        names = sorted(set(self.opcodes))
-        index = np.array([names.index(op) for op in self.opcodes], dtype=np.int64)
+        names, index = np.unique(np.array(self.opcodes, dtype=str), return_inverse=True)
         counts = np.bincount(index, minlength=len(names))
         seconds = np.bincount(index, self.seconds, minlength=len(names))
         again = np.bincount(index, self.again, minlength=len(names))
-        rows = [(name, int(c), float(s), float(a)) for name, c, s, a in zip(names, counts, seconds, again)]
+        rows = [(str(name), int(c), float(s), float(a)) for name, c, s, a in zip(names, counts, seconds, again)]
         return sorted(rows, key=lambda row: (-row[2], row[0]))
 
     def table(self) -> str:
